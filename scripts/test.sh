@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: lint + types + unit + trainer end-to-end + cluster tests.
+# It first provides what the tests need and nothing is running yet:
+#   - the control-plane binaries (built once from the Go module proxy, cached under ~/.cache/rlhf-operator)
+#   - Debian's prometheus (installed with apt when missing and we are root)
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow and not cluster"` for the fast part.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PWD/.venv/bin:$PATH"
+
+if [ -x tests/cluster/build ] && [ "${RLHF_SKIP_CLUSTER_BUILD:-0}" != 1 ]; then
+  bash tests/cluster/build
+fi
+if ! command -v prometheus >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "==> installing Debian's prometheus"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) >/dev/null \
+    || echo "warning: could not install prometheus; the tests that need it will fail" >&2
+  # Debian starts the service; the tests run their own instance on a free port.
+  (systemctl stop prometheus 2>/dev/null || service prometheus stop 2>/dev/null || pkill -x prometheus) >/dev/null 2>&1 || true
+fi
+exec python -m pytest "$@"

@@ -1,0 +1,82 @@
+"""The `rlhf` command line.
+
+Every subcommand imports its implementation lazily so that `rlhf --help`, `rlhf validate`
+and `rlhf crd` work without torch, Ray or a cluster client installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+EPILOG = """\
+examples:
+  rlhf run manifests/examples/quickstart.yaml      run a job locally on CPU (Ray, torch)
+  rlhf validate manifests/examples/grpo-h100.yaml  check a manifest against the spec
+  rlhf crd > crds/rlhf.dev_rltrainingjobs.yaml     regenerate the CRD from the spec
+  rlhf operator                                    run the Kubernetes operator
+  rlhf report runs/quickstart                      rebuild a run's HTML report
+"""
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from rlhf_trainer.spec import SpecError, load_manifest
+
+    status = 0
+    for path in args.manifests:
+        try:
+            job = load_manifest(path)
+        except SpecError as err:
+            print(f"{path}: invalid\n{err}", file=sys.stderr)
+            status = 1
+        else:
+            print(f"{path}: valid ({job.metadata_name}, algorithm {job.spec.algorithm.name})")
+    return status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlhf",
+        description="rlhf-operator: RL post-training of LLMs on Kubernetes, and locally on CPU with the same manifest.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from rlhf_trainer import __version__
+
+    parser.add_argument("--version", action="version", version=f"rlhf-operator {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check RLTrainingJob manifests against the spec")
+    p.add_argument("manifests", nargs="+", metavar="MANIFEST", help="YAML files holding an RLTrainingJob")
+    p.set_defaults(func=_cmd_validate)
+
+    _register_optional(sub)
+    return parser
+
+
+def _register_optional(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Subcommands whose argument definitions live beside their implementation."""
+    import importlib
+
+    for module in ("rlhf_trainer.run_cli", "rlhf_operator.cli"):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name != module:
+                raise
+            continue
+        mod.add_subcommands(sub)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
