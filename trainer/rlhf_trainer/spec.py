@@ -649,14 +649,14 @@ def parse_job(doc: dict[str, Any]) -> RLTrainingJob:
     for key in doc:
         if key not in ("apiVersion", "kind", "metadata", "spec", "status"):
             errs.append(f"{key}: unknown top-level field; valid: apiVersion, kind, metadata, spec")
+    spec: JobSpec | None = None
     try:
         spec = parse_spec(doc.get("spec"))  # type: ignore[arg-type]
     except SpecError as err:
         errs.extend(err.errors)
-        spec = None  # type: ignore[assignment]
-    if errs:
+    if errs or spec is None:
         raise SpecError(errs)
-    return RLTrainingJob(metadata_name=name, namespace=meta.get("namespace") or "default", spec=spec, raw=doc)
+    return RLTrainingJob(metadata_name=str(name), namespace=meta.get("namespace") or "default", spec=spec, raw=doc)
 
 
 def load_manifest(path: str | Path) -> RLTrainingJob:
@@ -720,7 +720,8 @@ def _schema_for(tp: Any, meta: dict[str, Any]) -> dict[str, Any]:
             int: {"type": "integer", "format": "int64"},
             float: {"type": "number"},
             str: {"type": "string"},
-        }[inner].copy()
+        }[inner]
+        out = dict(out)
     if "minimum" in meta:
         out["minimum"] = meta["minimum"]
     if "exclusive_minimum" in meta:

@@ -1,0 +1,29 @@
+"""Lint, format and type checks run as part of the test suite (the same tools a contributor runs)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PY_DIRS = ["operator", "trainer", "tests", "benchmarks"]
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *cmd], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_ruff_check():
+    res = _run("ruff", "check", *PY_DIRS)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_ruff_format():
+    res = _run("ruff", "format", "--check", *PY_DIRS)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_mypy_both_packages():
+    res = _run("mypy", "operator/rlhf_operator", "trainer/rlhf_trainer")
+    assert res.returncode == 0, res.stdout + res.stderr
