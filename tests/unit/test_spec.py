@@ -52,7 +52,13 @@ def test_minimal_manifest_gets_defaults():
 
 
 def test_camel_case_keys_map_to_fields():
-    j = S.parse_job(job(rollout__maxNewTokens=17, training__promptsPerStep=3, roles__rollout={"replicas": 2, "maxReplicas": 4}))
+    j = S.parse_job(
+        job(
+            rollout__maxNewTokens=17,
+            training__promptsPerStep=3,
+            roles__rollout={"replicas": 2, "maxReplicas": 4},
+        )
+    )
     assert j.spec.rollout.max_new_tokens == 17
     assert j.spec.training.prompts_per_step == 3
     assert j.spec.roles.rollout.replicas == 2 and j.spec.roles.rollout.max_replicas == 4
@@ -68,14 +74,35 @@ def test_camel_case_keys_map_to_fields():
         ({"training__steps": "ten"}, "spec.training.steps: 'ten' is not an integer"),
         ({"training__steps": True}, "spec.training.steps: True is not an integer"),
         ({"algorithm__name": "ppo2"}, "spec.algorithm.name: unknown algorithm 'ppo2'; valid: ppo, grpo"),
-        ({"roles__rollout": {"minReplicas": 3, "maxReplicas": 2, "replicas": 2}}, "minReplicas (3) must be <= maxReplicas (2)"),
-        ({"roles__rollout": {"replicas": 5, "maxReplicas": 4}}, "spec.roles.rollout.replicas: 5 must lie in [minReplicas=1, maxReplicas=4]"),
-        ({"roles__actor": {"nodePool": "h100"}}, "spec.roles.actor.nodePool: 'h100' is not a name in spec.nodePools (defined: none defined)"),
-        ({"roles__actor": {"resources": {"gpus": -1}}}, "spec.roles.actor.resources.gpus: -1 is below the minimum 0"),
-        ({"roles__actor": {"resources": {"memory": "lots"}}}, "spec.roles.actor.resources.memory: 'lots' does not match"),
+        (
+            {"roles__rollout": {"minReplicas": 3, "maxReplicas": 2, "replicas": 2}},
+            "minReplicas (3) must be <= maxReplicas (2)",
+        ),
+        (
+            {"roles__rollout": {"replicas": 5, "maxReplicas": 4}},
+            "spec.roles.rollout.replicas: 5 must lie in [minReplicas=1, maxReplicas=4]",
+        ),
+        (
+            {"roles__actor": {"nodePool": "h100"}},
+            "spec.roles.actor.nodePool: 'h100' is not a name in spec.nodePools (defined: none defined)",
+        ),
+        (
+            {"roles__actor": {"resources": {"gpus": -1}}},
+            "spec.roles.actor.resources.gpus: -1 is below the minimum 0",
+        ),
+        (
+            {"roles__actor": {"resources": {"memory": "lots"}}},
+            "spec.roles.actor.resources.memory: 'lots' does not match",
+        ),
         ({"reward": {"functions": []}}, "spec.reward: needs at least one entry in `functions` or a `model`"),
-        ({"reward__functions": [{"path": "not an import path"}]}, "spec.reward.functions[0].path: 'not an import path' does not match"),
-        ({"training__miniBatchSize": 7}, "spec.training.miniBatchSize: 7 must divide the batch of 32 responses"),
+        (
+            {"reward__functions": [{"path": "not an import path"}]},
+            "spec.reward.functions[0].path: 'not an import path' does not match",
+        ),
+        (
+            {"training__miniBatchSize": 7},
+            "spec.training.miniBatchSize: 7 must divide the batch of 32 responses",
+        ),
         ({"data": None}, "spec.data: must not be null"),
     ],
 )
@@ -149,7 +176,9 @@ def test_schema_documents_every_field_and_carries_constraints():
     rules = [r["rule"] for r in props["model"]["properties"]["path"]["x-kubernetes-validations"]]
     assert "self == oldSelf" in rules
     ro = props["roles"]["properties"]["rollout"]
-    assert "x-kubernetes-validations" not in ro["properties"]["replicas"], "rollout replicas must stay mutable (/scale)"
+    assert "x-kubernetes-validations" not in ro["properties"]["replicas"], (
+        "rollout replicas must stay mutable (/scale)"
+    )
     assert any("minReplicas <= self.maxReplicas" in r["rule"] for r in ro["x-kubernetes-validations"])
     assert props["algorithm"]["properties"]["params"]["x-kubernetes-preserve-unknown-fields"] is True
 
@@ -164,8 +193,21 @@ def test_cli_validate(tmp_path):
     good.write_text(yaml.safe_dump(MINIMAL))
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(job(rollout__engine="x")))
-    ok = subprocess.run([sys.executable, "-m", "rlhf_trainer.cli", "validate", str(good)], capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "rlhf_trainer.cli", "validate", str(good)], capture_output=True, text=True
+    )
     assert ok.returncode == 0 and "valid (demo, algorithm grpo)" in ok.stdout
-    res = subprocess.run([sys.executable, "-m", "rlhf_trainer.cli", "validate", str(bad)], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "rlhf_trainer.cli", "validate", str(bad)], capture_output=True, text=True
+    )
     assert res.returncode == 1
     assert "spec.rollout.engine: 'x' is not valid" in textwrap.dedent(res.stderr)
+
+
+def test_manifest_reference_doc_is_fresh():
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "manifest-reference.md"
+    assert doc.read_text() == S.reference_markdown(), (
+        "docs/manifest-reference.md is stale: run `rlhf validate --reference > docs/manifest-reference.md`"
+    )

@@ -21,8 +21,14 @@ examples:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from rlhf_trainer.spec import SpecError, load_manifest
+    from rlhf_trainer.spec import SpecError, load_manifest, reference_markdown
 
+    if args.reference:
+        sys.stdout.write(reference_markdown())
+        return 0
+    if not args.manifests:
+        print("rlhf validate: give at least one MANIFEST (or --reference)", file=sys.stderr)
+        return 2
     status = 0
     for path in args.manifests:
         try:
@@ -48,7 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check RLTrainingJob manifests against the spec")
-    p.add_argument("manifests", nargs="+", metavar="MANIFEST", help="YAML files holding an RLTrainingJob")
+    p.add_argument("manifests", nargs="*", metavar="MANIFEST", help="YAML files holding an RLTrainingJob")
+    p.add_argument(
+        "--reference",
+        action="store_true",
+        help="print the Markdown reference of every manifest field and exit",
+    )
     p.set_defaults(func=_cmd_validate)
 
     _register_optional(sub)

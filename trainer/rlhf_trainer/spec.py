@@ -17,6 +17,7 @@ This module must stay importable without torch, Ray or a Kubernetes client.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import types
 import typing
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 
 import yaml
+
 from rlhf_operator.labels import API_VERSION, KIND
 
 #: Algorithms shipped with the library (`rlhf_trainer.algorithms`). A custom one is given by
@@ -656,7 +658,9 @@ def parse_job(doc: dict[str, Any]) -> RLTrainingJob:
         errs.extend(err.errors)
     if errs or spec is None:
         raise SpecError(errs)
-    return RLTrainingJob(metadata_name=str(name), namespace=meta.get("namespace") or "default", spec=spec, raw=doc)
+    return RLTrainingJob(
+        metadata_name=str(name), namespace=meta.get("namespace") or "default", spec=spec, raw=doc
+    )
 
 
 def load_manifest(path: str | Path) -> RLTrainingJob:
@@ -773,3 +777,54 @@ def openapi_schema(cls: Any = JobSpec) -> dict[str, Any]:
     if rules:
         out["x-kubernetes-validations"] = [{"rule": r, "message": m} for r, m in rules]
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Manifest reference (docs/manifest-reference.md is generated from this)
+# --------------------------------------------------------------------------------------------
+
+
+def reference_markdown() -> str:
+    """A Markdown table per section: field, type, default, description. `rlhf crd --reference` prints it."""
+    lines = [
+        "# RLTrainingJob manifest reference",
+        "",
+        "Generated from `trainer/rlhf_trainer/spec.py` by `rlhf validate --reference`; do not edit by hand.",
+        "Keys are camelCase. Cluster-only fields are validated by `rlhf run` and otherwise ignored there.",
+        "",
+    ]
+
+    def section(cls: Any, path: str) -> None:
+        hints = _hints(cls)
+        lines.extend(
+            [
+                f"## `{path}`",
+                "",
+                (cls.__doc__ or "").strip(),
+                "",
+                "| field | type | default | description |",
+                "|---|---|---|---|",
+            ]
+        )
+        nested: list[tuple[Any, str]] = []
+        for f in dataclasses.fields(cls):
+            tp, _ = _unwrap_optional(hints[f.name])
+            key = camel(f.name)
+            if f.default is not dataclasses.MISSING:
+                default = "—" if f.default is None else f"`{json.dumps(f.default)}`"
+            elif f.default_factory is not dataclasses.MISSING:
+                value = to_dict(f.default_factory())
+                default = "see below" if dataclasses.is_dataclass(tp) else f"`{json.dumps(value)}`"
+            else:
+                default = "**required**"
+            doc = f.metadata["doc"] + (" *Immutable.*" if f.metadata.get("immutable") else "")
+            lines.append(f"| `{key}` | {_describe(hints[f.name])} | {default} | {doc} |")
+            item = get_args(tp)[0] if get_origin(tp) is list else tp
+            if dataclasses.is_dataclass(item):
+                nested.append((item, f"{path}.{key}" + ("[]" if item is not tp else "")))
+        lines.append("")
+        for sub, sub_path in nested:
+            section(sub, sub_path)
+
+    section(JobSpec, "spec")
+    return "\n".join(lines).rstrip() + "\n"
