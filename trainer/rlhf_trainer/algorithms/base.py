@@ -1,0 +1,295 @@
+"""The `Algorithm` interface: what the trainer's workers and controller call, and nothing else.
+
+An algorithm turns a rollout batch into advantages, and a (micro-)batch into a loss. It owns
+its hyperparameters (a typed `AlgorithmParams` dataclass built from the manifest's
+``spec.algorithm.params``) and any state that must survive a checkpoint (a KL coefficient).
+
+Contract
+--------
+::
+
+    class Algorithm:
+        name: ClassVar[str]             # the ALGORITHMS registry name
+        needs_critic: ClassVar[bool]    # the job must run a critic role (value model)
+        needs_reference: ClassVar[bool] # the job must run a reference policy
+        Params: ClassVar[type[AlgorithmParams]]
+
+        def __init__(self, **params)    # camelCase or snake_case keys; unknown key -> ValueError
+        def compute_advantages(self, batch) -> dict   # rollout batch -> batch + "advantages", "returns"
+        def compute_loss(self, batch) -> dict         # "loss" (scalar, with grad) + namespaced metrics
+        def compute_value_loss(self, batch) -> dict   # needs_critic only: "loss" + critic/* metrics
+        def update_step(self, loss_dict) -> None      # once per optimizer step, on the controller
+        def state_dict(self) -> dict; def load_state_dict(self, d) -> None
+
+Call order per training step: ``compute_advantages`` once on the whole rollout batch (no
+autograd), then for each micro-batch ``compute_loss`` (actor) and ``compute_value_loss``
+(critic) followed by ``loss.backward()``, then one ``update_step`` with the step's metrics
+averaged over micro-batches and ranks.
+
+Batch keys
+----------
+All `(B, T)` floating tensors over response tokens unless noted; which ones an algorithm reads
+depends on it (a missing one is a ValueError naming it and the keys present).
+
+| key | shape | meaning |
+|---|---|---|
+| `response_mask` | (B, T) | 1.0 valid response token, 0.0 padding (any side, holes, empty rows) |
+| `log_probs` | (B, T) | current policy's log-prob of each sampled token, with grad |
+| `old_log_probs` | (B, T) | the policy's log-probs when the rollout was made (no grad) |
+| `ref_log_probs` | (B, T) | reference policy's log-probs (KL term), optional |
+| `entropy` | (B, T) | current policy's token entropy (`entropy.entropy_from_logits`), optional |
+| `values` | (B, T) | critic's current prediction, with grad (value loss) |
+| `old_values` | (B, T) | critic's prediction when the rollout was scored (GAE) |
+| `token_rewards` | (B, T) | per-token rewards, optional (else `scores` on the last valid token) |
+| `scores` | (B,) | sequence-level reward |
+| `group_index` | (B,) long | which prompt each sample came from (group estimators) |
+| `baseline_scores` | (B,) | reward of the greedy response (remax) |
+| `advantages`, `returns` | (B, T) | written by `compute_advantages` |
+| `chosen` | (B,) bool | preference: this sample is the preferred one of its pair |
+| `pair_index` | (B,) long | preference: the pair each sample belongs to |
+| `global_tokens`, `global_seqs` | scalar | optional: valid tokens / non-empty sequences of the whole optimizer step over all micro-batches and ranks (see `aggregation`) |
+
+Returned losses are scalar tensors; metric values are Python floats under namespaced keys
+(`actor/...`, `critic/...`).
+
+`update_step` reads `actor/kl` (the KL to the reference, which `compute_loss` reports whenever
+`ref_log_probs` is present) when the algorithm adapts its KL coefficient, and
+`batch/num_samples` (sequences trained on in the step; 1 if absent), which the adaptive
+controller's horizon is counted in.
+
+Writing your own
+----------------
+Subclass `Algorithm` (or a built-in, see `builtin.DynamicKLPPO`), give it a `Params` dataclass
+derived from `AlgorithmParams` whose fields use `param(default, doc)`, and either register it
+(``@ALGORITHMS.register("my_algo")``) or name it by import path in the manifest
+(``spec.algorithm.name: my_pkg.algos:MyAlgo``).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import inspect
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar
+
+from .registry import ALGORITHMS, Registry
+
+__all__ = [
+    "Algorithm",
+    "AlgorithmParams",
+    "Batch",
+    "param",
+    "bind_call",
+    "build_algorithm",
+    "list_algorithms",
+    "describe_params",
+    "require",
+]
+
+#: A batch: tensors by the names in the module docstring, plus optional scalar normalizers.
+Batch = dict[str, Any]
+
+P = TypeVar("P", bound="AlgorithmParams")
+
+
+def param(default: Any, doc: str, *, choices: Registry[Any] | tuple[str, ...] | None = None) -> Any:
+    """A documented params field. `choices`: a registry (any registered name or import path is
+    valid) or a tuple of allowed strings."""
+    return dataclasses.field(default=default, metadata={"doc": doc, "choices": choices})
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key).lower()
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+def _coerce(name: str, value: Any, hint: Any) -> Any:
+    """Check `value` against a simple type hint (bool, int, float, str, X | None); ints become floats."""
+    options = (
+        typing.get_args(hint)
+        if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+        else (hint,)
+    )
+    if value is None:
+        if type(None) in options:
+            return None
+        raise ValueError(f"param {name!r} must be {_type_name(hint)}, got None")
+    for option in options:
+        if option is bool and isinstance(value, bool):
+            return value
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if option is str and isinstance(value, str):
+            return value
+    raise ValueError(f"param {name!r} must be {_type_name(hint)}, got {value!r} ({type(value).__name__})")
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmParams:
+    """Base of every algorithm's hyperparameters.
+
+    Fields are declared with `param(default, doc)`. Construction checks each value's type
+    (ints are accepted for floats), the `choices` of string fields, then `validate()` for
+    cross-field rules. `from_dict` additionally accepts camelCase keys (as written in a
+    manifest) and rejects unknown ones, naming them and listing the valid keys.
+    """
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = _coerce(f.name, getattr(self, f.name), hints[f.name])
+            choices = f.metadata.get("choices")
+            if isinstance(value, str) and isinstance(choices, Registry):
+                choices.get(value)  # raises UnknownNameError listing the registered names
+            elif isinstance(value, str) and choices is not None and value not in choices:
+                raise ValueError(f"param {f.name!r} must be one of {', '.join(choices)}; got {value!r}")
+            object.__setattr__(self, f.name, value)
+        self.validate()
+
+    def validate(self) -> None:
+        """Cross-field checks; raise ValueError naming the fields. Subclasses extend it."""
+
+    @classmethod
+    def from_dict(cls: type[P], values: Mapping[str, Any] | None = None) -> P:
+        """Build from manifest params (camelCase or snake_case keys)."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        kwargs: dict[str, Any] = {}
+        for key, value in (values or {}).items():
+            name = _snake(str(key))
+            if name not in names:
+                valid = ", ".join(f"{n} ({_camel(n)})" if _camel(n) != n else n for n in names)
+                raise ValueError(f"unknown param {key!r} for {cls.__name__}; valid: {valid or '(none)'}")
+            if name in kwargs:
+                raise ValueError(f"param {name!r} given twice (as snake_case and camelCase)")
+            kwargs[name] = value
+        return cls(**kwargs)
+
+    @classmethod
+    def describe(cls) -> dict[str, tuple[Any, Any, str]]:
+        """{field: (type, default, doc)}; a string field's doc lists its valid values."""
+        hints = typing.get_type_hints(cls)
+        out: dict[str, tuple[Any, Any, str]] = {}
+        for f in dataclasses.fields(cls):
+            doc = str(f.metadata.get("doc", ""))
+            choices = f.metadata.get("choices")
+            if isinstance(choices, Registry):
+                doc += f" One of: {', '.join(choices.names())}, or an import path 'package.module:attribute'."
+            elif choices is not None:
+                doc += f" One of: {', '.join(choices)}."
+            out[f.name] = (hints[f.name], f.default, doc)
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def bind_call(
+    fn: Callable[..., Any], tensors: Mapping[str, Any], params: Mapping[str, Any], what: str
+) -> Any:
+    """Call a registered component by its signature: how `Algorithm` dispatches without special cases.
+
+    Positional parameters are looked up by name in `tensors` (the batch); a missing one with a
+    default is left at it, a missing required one is a ValueError naming it. Keyword-only
+    parameters are taken from `params` when present there, else left at their defaults.
+    """
+    signature = inspect.signature(fn)
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for p in signature.parameters.values():
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            value = tensors.get(p.name)
+            if value is None:
+                if p.default is inspect.Parameter.empty:
+                    raise ValueError(
+                        f"{what} needs batch key {p.name!r}; the batch has {', '.join(sorted(tensors)) or 'no keys'}"
+                    )
+                value = p.default
+            args.append(value)
+        elif p.kind == inspect.Parameter.KEYWORD_ONLY and p.name in params:
+            kwargs[p.name] = params[p.name]
+    return fn(*args, **kwargs)
+
+
+def require(batch: Mapping[str, Any], key: str, who: str) -> Any:
+    """batch[key], or a ValueError naming the key, who needs it and the keys present."""
+    value = batch.get(key)
+    if value is None:
+        raise ValueError(
+            f"{who} needs batch key {key!r}; the batch has {', '.join(sorted(batch)) or 'no keys'}"
+        )
+    return value
+
+
+class Algorithm(abc.ABC):
+    """Base class of every RL algorithm; see the module docstring for the contract."""
+
+    name: ClassVar[str] = ""
+    needs_critic: ClassVar[bool] = False
+    needs_reference: ClassVar[bool] = False
+    Params: ClassVar[type[AlgorithmParams]] = AlgorithmParams
+
+    def __init__(self, **params: Any) -> None:
+        self.params = self.Params.from_dict(params)
+
+    @abc.abstractmethod
+    def compute_advantages(self, batch: Batch) -> Batch:
+        """Return a new batch with `advantages` (B, T) (and `returns` (B, T)) added."""
+
+    @abc.abstractmethod
+    def compute_loss(self, batch: Batch) -> dict[str, Any]:
+        """Return {"loss": scalar tensor with grad, "<ns>/<metric>": float, ...}."""
+
+    def compute_value_loss(self, batch: Batch) -> dict[str, Any]:
+        """Critic loss; only algorithms with `needs_critic` implement it."""
+        raise ValueError(
+            f"algorithm {self.name or type(self).__name__!r} has no critic (needs_critic is False)"
+        )
+
+    def update_step(self, loss_dict: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Called once per optimizer step with the step's aggregated metrics. Default: nothing."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to checkpoint (not the params, which come from the manifest)."""
+        return {"algorithm": self.name or type(self).__name__}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        expected = self.name or type(self).__name__
+        if state.get("algorithm") != expected:
+            raise ValueError(
+                f"checkpoint holds state of algorithm {state.get('algorithm')!r}, not {expected!r}"
+            )
+
+
+def build_algorithm(name_or_path: str, params: Mapping[str, Any] | None = None) -> Algorithm:
+    """Instantiate a registered algorithm (or `package.module:Class`) with manifest params."""
+    cls = ALGORITHMS.get(name_or_path)
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ValueError(f"{name_or_path!r} is {cls!r}, not a subclass of rlhf_trainer.algorithms.Algorithm")
+    return cls(**dict(params or {}))
+
+
+def list_algorithms() -> list[str]:
+    """Names of the registered algorithms."""
+    return ALGORITHMS.names()
+
+
+def describe_params(name_or_path: str) -> dict[str, tuple[Any, Any, str]]:
+    """{param: (type, default, doc)} of an algorithm's params, for documentation and CRD generation."""
+    cls = ALGORITHMS.get(name_or_path)
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ValueError(f"{name_or_path!r} is {cls!r}, not a subclass of rlhf_trainer.algorithms.Algorithm")
+    return cls.Params.describe()
