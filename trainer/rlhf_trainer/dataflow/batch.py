@@ -1,0 +1,58 @@
+"""`StepBatch`: the samples of one step as they flow through the operators of a `DataStream`.
+
+`tensors` holds per-row tensors under the algorithm library's batch keys (`response_mask`,
+`scores`, `group_index`, `old_log_probs`, `ref_log_probs`, `old_values`, `advantages`, ...)
+plus the rollout's `prompt_ids`, `prompt_mask`, `response_ids`, `rollout_log_probs` and
+`policy_version`. Texts and the prompts' extra columns ride along for the reward functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class StepBatch:
+    tensors: dict[str, Tensor]
+    prompts: list[str]
+    """Prompt text of each row."""
+    responses: list[str] = field(default_factory=list)
+    """Decoded response of each row."""
+    columns: list[dict[str, Any]] = field(default_factory=list)
+    """Extra dataset columns of each row's prompt (reward-function keyword arguments)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """What the operators measured on this batch (namespaced keys)."""
+
+    def __len__(self) -> int:
+        return int(self.tensors["response_mask"].shape[0])
+
+    def __getitem__(self, key: str) -> Tensor:
+        return self.tensors[key]
+
+    def __setitem__(self, key: str, value: Tensor) -> None:
+        self.tensors[key] = value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.tensors
+
+    def select(self, rows: Tensor) -> StepBatch:
+        """The rows where `rows` (a bool mask or indices) selects; metrics are kept."""
+        if rows.dtype == torch.bool:
+            rows = rows.nonzero().squeeze(-1)
+        idx = rows.tolist()
+        n = len(self)
+        return StepBatch(
+            tensors={k: (v[rows] if v.dim() > 0 and v.shape[0] == n else v) for k, v in self.tensors.items()},
+            prompts=[self.prompts[i] for i in idx],
+            responses=[self.responses[i] for i in idx] if self.responses else [],
+            columns=[self.columns[i] for i in idx] if self.columns else [],
+            metrics=dict(self.metrics),
+        )
+
+    def algorithm_batch(self) -> dict[str, Tensor]:
+        """The tensors an algorithm and a training worker read (a shallow copy)."""
+        return dict(self.tensors)

@@ -1,0 +1,100 @@
+"""The standard operators of a `DataStream`, each a thin wrapper over `phases`.
+
+RolloutOperator(ctx)                     prompts -> sampled responses        (rollout)
+RewardOperator(ctx) / RewardModelScorer  scores with the job's rewards       (reward)
+UpdateOperator(ctx, algorithm)           reference / critic -> advantage -> update
+PPOUpdateOperator(ctx, **params)         UpdateOperator with PPO
+OnlineDPOUpdateOperator(ctx, **params)   UpdateOperator with online DPO
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhf_trainer.dataflow import phases
+from rlhf_trainer.dataflow.batch import StepBatch
+from rlhf_trainer.dataflow.context import TrainerContext, timed
+
+
+class RolloutOperator:
+    """Start of a step: the step's prompts, and `samplesPerPrompt` responses to each."""
+
+    def __init__(self, ctx: TrainerContext):
+        self.ctx = ctx
+
+    def __call__(self, batch: StepBatch | None = None) -> StepBatch:
+        metrics: dict[str, float] = {}
+        with timed(metrics, "data"):
+            prompts = phases.sample_prompts(self.ctx)
+        if not prompts:
+            raise RuntimeError("the prompt source yielded no prompts (every prompt skipped?)")
+        with timed(metrics, "rollout"):
+            out = phases.generate(self.ctx, prompts)
+        out.metrics.update(metrics)
+        out.metrics["data/skipped_prompts"] = float(getattr(self.ctx.dataset, "skipped", 0))
+        return out
+
+
+class RewardOperator:
+    """Scores every sample with the job's reward functions and reward model (`spec.reward`)."""
+
+    def __init__(self, ctx: TrainerContext):
+        self.ctx = ctx
+
+    def __call__(self, batch: StepBatch | None) -> StepBatch:
+        if batch is None:
+            raise ValueError("RewardOperator: nothing to score (put it after a RolloutOperator)")
+        with timed(batch.metrics, "reward"):
+            return phases.score(self.ctx, batch)
+
+
+#: The seed tutorial's name for the reward step (it scores with the reward model and functions).
+RewardModelScorer = RewardOperator
+
+
+class UpdateOperator:
+    """Reference log-probs, critic values and old log-probs as `algorithm` needs them, then its
+    advantages and one actor (and critic) update. `algorithm`: an `Algorithm`, or a name/import
+    path built with `params`; None means the job's algorithm."""
+
+    def __init__(self, ctx: TrainerContext, algorithm: Any = None, **params: Any):
+        from rlhf_trainer.algorithms import build_algorithm
+
+        self.ctx = ctx
+        if algorithm is None:
+            algorithm = ctx.algorithm
+        elif isinstance(algorithm, str):
+            algorithm = build_algorithm(algorithm, params)
+        self.algorithm = algorithm
+
+    def algorithms(self) -> list[Any]:
+        return [self.algorithm]
+
+    def __call__(self, batch: StepBatch | None) -> StepBatch:
+        if batch is None:
+            raise ValueError("UpdateOperator: nothing to train on (put it after a RolloutOperator)")
+        if len(batch) < len(self.ctx.actor):
+            batch.metrics["update/skipped"] = 1.0  # fewer samples than actor ranks: nothing sensible to do
+            return batch
+        ctx, algo, m = self.ctx, self.algorithm, batch.metrics
+        with timed(m, "reference"):
+            batch = phases.reference_log_probs(ctx, batch, algo)
+        with timed(m, "critic"):
+            batch = phases.critic_values(ctx, batch, algo)
+        with timed(m, "old_log_probs"):
+            batch = phases.policy_log_probs(ctx, batch, algo)
+        with timed(m, "advantage"):
+            batch = phases.compute_advantages(ctx, batch, algo)
+        with timed(m, "update"):
+            batch = phases.update_policy(ctx, batch, algo)
+        return batch
+
+
+class PPOUpdateOperator(UpdateOperator):
+    def __init__(self, ctx: TrainerContext, **params: Any):
+        super().__init__(ctx, "ppo", **params)
+
+
+class OnlineDPOUpdateOperator(UpdateOperator):
+    def __init__(self, ctx: TrainerContext, **params: Any):
+        super().__init__(ctx, "online_dpo", **params)

@@ -1,0 +1,155 @@
+"""`DataStream`: a training step as a chain of operators, for programmatic use.
+
+    stream = (
+        DataStream()
+        .add_operator(RolloutOperator(ctx))
+        .add_operator(RewardModelScorer(ctx))
+        .add_operator(FilterOperator(threshold=0.1))
+        .add_operator(PPOUpdateOperator(ctx))
+    )
+    metrics = stream.step()
+
+An operator is any callable `op(batch) -> batch`; the first one of a step receives `None` and
+produces the batch (the rollout). `ConditionalUpdateOperator(condition, true_branch,
+false_branch)` routes each sample to one of two sub-streams (PPO on high-reward samples,
+online DPO on the rest).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from rlhf_trainer.dataflow.batch import StepBatch
+
+
+class Operator(Protocol):
+    def __call__(self, batch: StepBatch | None) -> StepBatch: ...
+
+
+class DataStream:
+    """Operators run in order, once per `step()`."""
+
+    def __init__(self, operators: Sequence[Operator] = ()):
+        self.operators: list[Operator] = list(operators)
+        self.last_batch: StepBatch | None = None
+
+    def add_operator(self, operator: Operator) -> DataStream:
+        self.operators.append(operator)
+        return self
+
+    def run(self, batch: StepBatch | None = None) -> StepBatch:
+        for op in self.operators:
+            batch = op(batch)
+        if batch is None:
+            raise ValueError(
+                "DataStream: no operator produced a batch (the first one should be a RolloutOperator)"
+            )
+        return batch
+
+    def step(self) -> dict[str, float]:
+        """One training step; returns the step's metrics (the batch stays in `last_batch`)."""
+        self.last_batch = self.run(None)
+        return dict(self.last_batch.metrics)
+
+    def algorithms(self) -> list[Any]:
+        """Every algorithm an operator of this stream updates with (decides which roles run)."""
+        found: list[Any] = []
+        for op in self.operators:
+            found.extend(getattr(op, "algorithms", lambda: [])())
+        return found
+
+
+class FilterOperator:
+    """Keep the samples that pass: `scores >= threshold` (or `key >= threshold`), or where
+    `predicate(batch)` is True. Removed samples are counted in `filter/<name>_dropped`."""
+
+    def __init__(
+        self,
+        threshold: float | None = None,
+        *,
+        key: str = "scores",
+        predicate: Callable[[StepBatch], Tensor] | None = None,
+        name: str = "filter",
+    ):
+        if threshold is None and predicate is None:
+            raise ValueError("FilterOperator needs a threshold or a predicate")
+        self.threshold = threshold
+        self.key = key
+        self.predicate = predicate
+        self.name = name
+
+    def __call__(self, batch: StepBatch | None) -> StepBatch:
+        if batch is None:
+            raise ValueError(f"{self.name}: nothing to filter (put it after the rollout)")
+        if self.predicate is not None:
+            keep = torch.as_tensor(self.predicate(batch), dtype=torch.bool)
+        else:
+            keep = batch[self.key] >= float(self.threshold)  # type: ignore[arg-type]
+        out = batch.select(keep)
+        out.metrics[f"filter/{self.name}_dropped"] = float((~keep).sum())
+        return out
+
+
+class ConditionalUpdateOperator:
+    """Route each sample by `condition(batch) -> (B,) bool` to `true_branch` or `false_branch`.
+
+    A branch is an operator or a list of operators; each runs on its own rows (skipped when it
+    has none). Their metrics are merged under `true/` and `false/`. For group-based algorithms
+    make the condition constant within a prompt's group (see `group_mean_at_least`).
+    """
+
+    def __init__(
+        self,
+        condition: Callable[[StepBatch], Tensor],
+        true_branch: Operator | Sequence[Operator],
+        false_branch: Operator | Sequence[Operator] | None = None,
+    ):
+        self.condition = condition
+        self.branches = {"true": _as_stream(true_branch), "false": _as_stream(false_branch)}
+
+    def __call__(self, batch: StepBatch | None) -> StepBatch:
+        if batch is None:
+            raise ValueError("ConditionalUpdateOperator: nothing to route (put it after the rollout)")
+        mask = torch.as_tensor(self.condition(batch), dtype=torch.bool)
+        if mask.dim() == 0:
+            mask = mask.expand(len(batch))
+        for name, rows in (("true", mask), ("false", ~mask)):
+            stream = self.branches[name]
+            batch.metrics[f"{name}/samples"] = float(rows.sum())
+            if stream is None or not rows.any():
+                continue
+            part = batch.select(rows)
+            part.metrics = {}
+            done = stream.run(part)
+            batch.metrics.update({f"{name}/{k}": v for k, v in done.metrics.items()})
+        return batch
+
+    def algorithms(self) -> list[Any]:
+        return [a for s in self.branches.values() if s is not None for a in s.algorithms()]
+
+
+def group_mean_at_least(threshold: float, key: str = "scores") -> Callable[[StepBatch], Tensor]:
+    """A condition: True for every sample of a group whose mean `key` is >= `threshold`."""
+
+    def condition(batch: StepBatch) -> Tensor:
+        group = batch["group_index"]
+        _, inverse = torch.unique(group, return_inverse=True)
+        sums = torch.zeros(int(inverse.max()) + 1).index_add_(0, inverse, batch[key].float())
+        counts = torch.zeros_like(sums).index_add_(0, inverse, torch.ones(len(batch)))
+        return (sums / counts)[inverse] >= threshold
+
+    return condition
+
+
+def _as_stream(branch: Operator | Sequence[Operator] | None) -> DataStream | None:
+    if branch is None:
+        return None
+    if isinstance(branch, DataStream):
+        return branch
+    if isinstance(branch, Sequence):
+        return DataStream(branch)
+    return DataStream([branch])

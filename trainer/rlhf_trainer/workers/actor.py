@@ -1,0 +1,132 @@
+"""`ActorWorker`: one rank of the policy. It trains the policy, scores batches with it
+(`old_log_probs`), exports its weights, and in `colocated` placement also generates the
+rollouts itself (the hybrid engine: an `HFRolloutEngine` over the same weights).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from torch import Tensor, nn
+
+from rlhf_trainer.workers import modeling
+from rlhf_trainer.workers.training import TrainableWorker
+
+
+class AlgorithmCache:
+    """`Algorithm` instances by (name, params), with the controller's state loaded before use.
+
+    The controller owns the algorithm (advantages, KL-controller state); workers hold copies
+    for the loss and receive the current state with every update call.
+    """
+
+    def __init__(self) -> None:
+        self._built: dict[str, Any] = {}
+
+    def get(self, name: str, params: dict[str, Any], state: dict[str, Any] | None) -> Any:
+        from rlhf_trainer.algorithms import build_algorithm
+
+        key = name + json.dumps(params, sort_keys=True, default=str)
+        if key not in self._built:
+            self._built[key] = build_algorithm(name, params)
+        algorithm = self._built[key]
+        if state is not None:
+            algorithm.load_state_dict(state)
+        return algorithm
+
+
+class ActorWorker(TrainableWorker):
+    role = "actor"
+
+    def __init__(self, *args: Any, colocated: bool = False, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.colocated = colocated
+        self.engine: Any = None
+        self.algorithms = AlgorithmCache()
+
+    def build_model(self) -> nn.Module:
+        return modeling.load_policy(self.model_path, self.spec.model.dtype)
+
+    def setup(self) -> None:
+        super().setup()
+        if self.colocated:
+            self.engine = self._build_engine()
+
+    def _build_engine(self) -> Any:
+        """The hybrid engine. One rank: it samples from the training module itself (no copy, no
+        sync). Several ranks: the training module is sharded, so the engine keeps an unsharded copy
+        refreshed by `sync_engine` after each update (the training -> inference reshard)."""
+        from transformers import AutoTokenizer
+
+        from rlhf_trainer.rollout.hf import HFRolloutEngine
+
+        r = self.spec.rollout
+        model = (
+            self.model
+            if self.world_size == 1
+            else modeling.load_policy(self.model_path, self.spec.model.dtype)
+        )
+        model = model.to(self.device)
+        tokenizer = AutoTokenizer.from_pretrained(self.spec.model.tokenizer or self.model_path)
+        return HFRolloutEngine(
+            model,
+            tokenizer,
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            seed=self.spec.training.seed,
+        )
+
+    # -- rollout (colocated) -------------------------------------------------------------------
+    def generate(self, prompt_ids: list[list[int]], n: int, step: int) -> dict[str, Any]:
+        if self.engine is None:
+            raise RuntimeError("ActorWorker.generate: this actor has no engine (placement is not colocated)")
+        from rlhf_trainer.workers.distributed import step_seed
+
+        self.engine.set_seed(step_seed(self.spec.training.seed, step, self.rank, stream=1))
+        return self.engine.generate(prompt_ids, n).to_dict()  # type: ignore[no-any-return]
+
+    def sync_engine(self) -> None:
+        """Copy the trained weights into the colocated engine (a collective when sharded)."""
+        if self.engine is None or self.engine.model is self.model:
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        self.engine.load_weights(full.items())
+
+    def export_weights(self) -> dict[str, Tensor] | None:
+        """Unsharded weights on CPU for the rollout fleet (a collective; rank 0 returns them)."""
+        state = modeling.full_state_dict(self.model)
+        return state if self.rank == 0 else None
+
+    # -- scoring and training ------------------------------------------------------------------
+    def compute_log_probs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """`old_log_probs` of this rank's share of the batch (see `Worker.forward_shard`)."""
+        self.model.eval()
+        temperature = self.spec.rollout.temperature
+        return self.forward_shard(batch, lambda b: modeling.token_log_probs(self.model, b, temperature)[0])
+
+    def update(
+        self,
+        batch: dict[str, Tensor],
+        step: int,
+        algorithm: str,
+        params: dict[str, Any],
+        state: dict[str, Any],
+    ) -> dict[str, float]:
+        """The policy update of one training step with `algorithm`'s loss."""
+        algo = self.algorithms.get(algorithm, params, state)
+        temperature = self.spec.rollout.temperature
+
+        def loss_fn(micro: dict[str, Any]) -> dict[str, Any]:
+            log_probs, entropy = modeling.token_log_probs(self.model, micro, temperature, with_entropy=True)
+            micro = {**micro, "log_probs": log_probs, "entropy": entropy}
+            if micro.get("old_log_probs") is None:
+                # One update per batch: the sampling policy is the current one (ratio 1).
+                micro["old_log_probs"] = log_probs.detach()
+            return algo.compute_loss(micro)  # type: ignore[no-any-return]
+
+        return self.train_batch(batch, step, loss_fn)

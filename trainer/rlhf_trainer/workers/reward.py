@@ -1,0 +1,20 @@
+"""`RewardWorker`: scores decoded responses with the job's reward functions and reward model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhf_trainer.workers.base import Worker
+
+
+class RewardWorker(Worker):
+    role = "reward"
+
+    def setup(self) -> None:
+        from rlhf_trainer.rewards import CombinedReward
+
+        self.reward = CombinedReward.from_spec(self.spec.reward)
+
+    def score(self, prompts: list[str], responses: list[str], columns: list[dict[str, Any]]) -> Any:
+        """A `RewardResult` (scores, valid, errors, per_reward) for these samples."""
+        return self.reward.compute(prompts, responses, columns)
