@@ -447,6 +447,36 @@ class JobSpec:
         cluster_only=True,
     )
 
+    # The CRD's counterparts of `validate` (the API server enforces them; messages name the field).
+    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
+        ("self.roles.actor.replicas >= 1", "spec.roles.actor.replicas must be >= 1 (the actor trains the policy)"),
+        (
+            "self.nodePools.all(p, self.nodePools.exists_one(q, q.name == p.name))",
+            "spec.nodePools: names must be unique",
+        ),
+        *[
+            (
+                f"!has(self.roles.{role}.nodePool) || self.nodePools.exists(p, p.name == self.roles.{role}.nodePool)",
+                f"spec.roles.{role}.nodePool must name an entry of spec.nodePools",
+            )
+            for role in ("actor", "critic", "reference", "reward", "rollout")
+        ],
+        (
+            "self.training.miniBatchSize == 0 || (self.training.promptsPerStep * self.rollout.samplesPerPrompt)"
+            " % self.training.miniBatchSize == 0",
+            "spec.training.miniBatchSize must divide promptsPerStep × samplesPerPrompt",
+        ),
+        (
+            "self.rollout.engine != 'vllm' || self.roles.placement != 'disaggregated'"
+            " || self.roles.rollout.resources.gpus >= 1",
+            "spec.rollout.engine: vllm needs spec.roles.rollout.resources.gpus >= 1",
+        ),
+        (
+            "self.failurePolicy.maxBackoffSeconds >= self.failurePolicy.backoffSeconds",
+            "spec.failurePolicy.maxBackoffSeconds must be >= backoffSeconds",
+        ),
+    ]
+
     def validate(self) -> list[str]:
         """Cross-field checks the schema cannot express per field; returns error lines."""
         errs: list[str] = []

@@ -1,0 +1,429 @@
+"""Pure builders of every child object of an RLTrainingJob: `build_*(job, ...) -> dict`.
+
+No API calls here; `reconcile` decides which of them to create or delete, `kube` sends them.
+Every child carries the job's labels and an owner reference to the job, so deleting the job
+garbage-collects them.
+
+Pods, one per replica with stable names:
+
+* `<job>-controller`: Ray head plus the single controller (`rlhf controller`), reading the spec
+  from the job's ConfigMap and writing `status.progress` with the job's ServiceAccount;
+* `<job>-<role>-<i>`: a Ray worker advertising the custom resource `rlhf.dev/role-<role>: 1`
+  and its GPUs, joined to the head through the headless Service `<job>`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from rlhf_operator import labels
+from rlhf_trainer.spec import JobSpec, NodePoolSpec, RLTrainingJob, to_dict
+
+CONFIG_KEY = "job.yaml"
+CONFIG_DIR = "/etc/rlhf"
+RAY_PORT = 6379
+METRICS_PORT = 8080
+RAY_TOKEN_KEY = "token"
+RUN_AS_USER = 1000
+GPU = "nvidia.com/gpu"
+CONTROLLER_RESOURCES = {"cpu": "1", "memory": "2Gi"}
+
+
+# --------------------------------------------------------------------------------------------
+# Names and labels
+# --------------------------------------------------------------------------------------------
+
+
+def pod_name(job: str, role: str, index: int = 0) -> str:
+    return f"{job}-{labels.CONTROLLER_ROLE}" if role == labels.CONTROLLER_ROLE else f"{job}-{role}-{index}"
+
+
+def controller_address(job: RLTrainingJob) -> str:
+    """DNS name of the controller pod through the headless Service."""
+    return f"{pod_name(job.metadata_name, labels.CONTROLLER_ROLE)}.{job.metadata_name}.{job.namespace}.svc"
+
+
+def job_labels(job: RLTrainingJob) -> dict[str, str]:
+    return {
+        labels.JOB_NAME: job.metadata_name,
+        "app.kubernetes.io/managed-by": "rlhf-operator",
+        "app.kubernetes.io/part-of": "rlhf-operator",
+    }
+
+
+def selector(job_name: str, role: str | None = None) -> str:
+    sel = f"{labels.JOB_NAME}={job_name}"
+    return sel + (f",{labels.ROLE}={role}" if role else "")
+
+
+def owner_reference(job: RLTrainingJob) -> dict[str, Any]:
+    return {
+        "apiVersion": labels.API_VERSION,
+        "kind": labels.KIND,
+        "name": job.metadata_name,
+        "uid": job.raw.get("metadata", {}).get("uid", ""),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(job: RLTrainingJob, name: str, extra_labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": {**job_labels(job), **(extra_labels or {})},
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Which pods a job has
+# --------------------------------------------------------------------------------------------
+
+
+def role_replicas(spec: JobSpec) -> dict[str, int]:
+    """Pods per role. Roles with 0 replicas get none; the rollout fleet exists only when disaggregated
+    (colocated rollout runs inside the actor workers)."""
+    out = {labels.CONTROLLER_ROLE: 1}
+    for role in labels.ROLES:
+        n = getattr(spec.roles, role).replicas
+        if role == "rollout" and spec.roles.placement != "disaggregated":
+            n = 0
+        if n > 0:
+            out[role] = n
+    return out
+
+
+def gang_size(spec: JobSpec) -> int:
+    return sum(role_replicas(spec).values())
+
+
+def _pool(spec: JobSpec, name: str | None) -> NodePoolSpec | None:
+    return next((p for p in spec.node_pools if p.name == name), None) if name else None
+
+
+# --------------------------------------------------------------------------------------------
+# Per-job objects
+# --------------------------------------------------------------------------------------------
+
+
+def build_service_account(job: RLTrainingJob) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(job, job.metadata_name),
+        "automountServiceAccountToken": False,
+    }
+
+
+def build_role(job: RLTrainingJob) -> dict[str, Any]:
+    """The controller pod may read its own job and patch its status: nothing else."""
+    name = [job.metadata_name]
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(job, job.metadata_name),
+        "rules": [
+            {
+                "apiGroups": [labels.GROUP],
+                "resources": [labels.PLURAL],
+                "resourceNames": name,
+                "verbs": ["get", "watch"],
+            },
+            {
+                "apiGroups": [labels.GROUP],
+                "resources": [f"{labels.PLURAL}/status"],
+                "resourceNames": name,
+                "verbs": ["get", "patch"],
+            },
+        ],
+    }
+
+
+def build_role_binding(job: RLTrainingJob) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(job, job.metadata_name),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": job.metadata_name},
+        "subjects": [{"kind": "ServiceAccount", "name": job.metadata_name, "namespace": job.namespace}],
+    }
+
+
+def secret_name(job: RLTrainingJob) -> str:
+    return f"{job.metadata_name}-ray-token"
+
+
+def build_secret(job: RLTrainingJob, token: str) -> dict[str, Any]:
+    """The Ray auth token shared by the job's pods. Created once; never overwritten."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(job, secret_name(job)),
+        "type": "Opaque",
+        "stringData": {RAY_TOKEN_KEY: token},
+    }
+
+
+def config_name(job: RLTrainingJob) -> str:
+    return f"{job.metadata_name}-spec"
+
+
+def job_document(job: RLTrainingJob) -> dict[str, Any]:
+    """The manifest the controller pod loads: the job with every default filled in."""
+    return {
+        "apiVersion": labels.API_VERSION,
+        "kind": labels.KIND,
+        "metadata": {"name": job.metadata_name, "namespace": job.namespace},
+        "spec": to_dict(job.spec),
+    }
+
+
+def build_config_map(job: RLTrainingJob) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(job, config_name(job)),
+        "data": {CONFIG_KEY: yaml.safe_dump(job_document(job), sort_keys=False)},
+    }
+
+
+def build_service(job: RLTrainingJob) -> dict[str, Any]:
+    """Headless Service giving every pod a stable DNS name `<pod>.<job>.<ns>.svc` (Ray, NCCL rendezvous)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, job.metadata_name),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {labels.JOB_NAME: job.metadata_name},
+            "ports": [
+                {"name": "ray", "port": RAY_PORT, "targetPort": RAY_PORT},
+                {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT},
+            ],
+        },
+    }
+
+
+def build_pod_group(job: RLTrainingJob) -> dict[str, Any] | None:
+    """A PodGroup for scheduler-plugins' coscheduling or Volcano, when `scheduling.podGroup` asks for one."""
+    kind = job.spec.scheduling.pod_group
+    if kind == "none":
+        return None
+    size = gang_size(job.spec)
+    timeout = job.spec.scheduling.timeout_seconds
+    if kind == "scheduler-plugins":
+        return {
+            "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+            "kind": "PodGroup",
+            "metadata": _meta(job, job.metadata_name),
+            "spec": {"minMember": size, "scheduleTimeoutSeconds": timeout},
+        }
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": _meta(job, job.metadata_name),
+        "spec": {"minMember": size},
+    }
+
+
+def build_static_children(job: RLTrainingJob, token: str) -> list[dict[str, Any]]:
+    """Every child except pods, in creation order (the Role before its binding, the Secret and
+    ConfigMap before pods mount them)."""
+    out = [
+        build_service_account(job),
+        build_role(job),
+        build_role_binding(job),
+        build_secret(job, token),
+        build_config_map(job),
+        build_service(job),
+    ]
+    pg = build_pod_group(job)
+    if pg:
+        out.append(pg)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Pods
+# --------------------------------------------------------------------------------------------
+
+
+def _env(job: RLTrainingJob, role: str, index: int, attempt: int) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "RLHF_JOB_NAME", "value": job.metadata_name},
+        {"name": "RLHF_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "RLHF_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "RLHF_ROLE", "value": role},
+        {"name": "RLHF_REPLICA_INDEX", "value": str(index)},
+        {"name": "RLHF_RESTART_ATTEMPT", "value": str(attempt)},
+        {"name": "RLHF_MANIFEST", "value": f"{CONFIG_DIR}/{CONFIG_KEY}"},
+        {"name": "RLHF_CONTROLLER_ADDRESS", "value": controller_address(job)},
+        {"name": "RAY_AUTH_MODE", "value": "token"},
+        {
+            "name": "RAY_AUTH_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": secret_name(job), "key": RAY_TOKEN_KEY}},
+        },
+        # NCCL: fail collectives instead of hanging on a lost peer, so the gang restart can happen.
+        {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+        {"name": "NCCL_DEBUG", "value": "WARN"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    if role != labels.CONTROLLER_ROLE:  # workers join the head; the controller pod is the head
+        env.insert(8, {"name": "RAY_ADDRESS", "value": f"{controller_address(job)}:{RAY_PORT}"})
+    return env
+
+
+def _command(job: RLTrainingJob, role: str, gpus: int, cpu: str) -> list[str]:
+    if role == labels.CONTROLLER_ROLE:
+        return ["rlhf", "controller", f"{CONFIG_DIR}/{CONFIG_KEY}"]
+    resources = json.dumps({f"{labels.RAY_ROLE_RESOURCE_PREFIX}{role}": 1})
+    return [
+        "ray",
+        "start",
+        "--block",
+        f"--address={controller_address(job)}:{RAY_PORT}",
+        f"--num-gpus={gpus}",
+        f"--resources={resources}",
+    ]
+
+
+def _tolerations(pool: NodePoolSpec | None, gpus: int) -> list[dict[str, Any]]:
+    out = [dict(t) for t in (pool.tolerations if pool else [])]
+    # GPU pools are tainted nvidia.com/gpu; a pod that asks for GPUs tolerates that taint (as the
+    # ExtendedResourceToleration admission plugin would).
+    gpu_toleration = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
+    if gpus > 0 and not any(t.get("key") == GPU for t in out):
+        out.append(gpu_toleration)
+    return out
+
+
+def _gang_metadata(job: RLTrainingJob) -> tuple[dict[str, str], dict[str, str]]:
+    """Labels and annotations that tell a gang scheduler or Kueue which pods belong together."""
+    lab: dict[str, str] = {}
+    ann: dict[str, str] = {}
+    sched = job.spec.scheduling
+    if sched.queue_name:
+        lab[labels.KUEUE_QUEUE_NAME] = sched.queue_name
+        lab[labels.KUEUE_POD_GROUP_NAME] = job.metadata_name
+        ann[labels.KUEUE_POD_GROUP_TOTAL_COUNT] = str(gang_size(job.spec))
+    if sched.pod_group == "scheduler-plugins":
+        lab[labels.SCHEDULER_PLUGINS_POD_GROUP] = job.metadata_name
+    elif sched.pod_group == "volcano":
+        ann[labels.VOLCANO_POD_GROUP] = job.metadata_name
+    return lab, ann
+
+
+def build_pod(job: RLTrainingJob, role: str, index: int = 0, attempt: int = 0) -> dict[str, Any]:
+    """The pod of one replica of one role (or the controller pod), for restart attempt `attempt`."""
+    spec = job.spec
+    is_controller = role == labels.CONTROLLER_ROLE
+    name = pod_name(job.metadata_name, role, index)
+    if is_controller:
+        gpus, cpu, memory, shm, pool = (
+            0,
+            CONTROLLER_RESOURCES["cpu"],
+            CONTROLLER_RESOURCES["memory"],
+            "1Gi",
+            None,
+        )
+    else:
+        role_spec = getattr(spec.roles, role)
+        res = role_spec.resources
+        gpus, cpu, memory, shm = res.gpus, res.cpu, res.memory, res.shm
+        pool = _pool(spec, role_spec.node_pool)
+    requests: dict[str, str] = {"cpu": cpu, "memory": memory}
+    limits: dict[str, str] = {"memory": memory}
+    if gpus:
+        requests[GPU] = limits[GPU] = str(gpus)
+    gang_labels, gang_annotations = _gang_metadata(job)
+    meta = _meta(
+        job,
+        name,
+        {
+            labels.ROLE: role,
+            labels.REPLICA_INDEX: str(index),
+            labels.RESTART_ATTEMPT: str(attempt),
+            **gang_labels,
+        },
+    )
+    if gang_annotations:
+        meta["annotations"] = gang_annotations
+    container: dict[str, Any] = {
+        "name": "trainer",
+        "image": spec.image,
+        "command": _command(job, role, gpus, cpu),
+        "env": _env(job, role, index, attempt),
+        "resources": {"requests": requests, "limits": limits},
+        "ports": [{"name": "ray", "containerPort": RAY_PORT}],
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "spec", "mountPath": CONFIG_DIR, "readOnly": True},
+        ],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if is_controller:
+        container["ports"].append({"name": "metrics", "containerPort": METRICS_PORT})
+        container["env"].append({"name": "RLHF_METRICS_PORT", "value": str(METRICS_PORT)})
+        container["readinessProbe"] = {
+            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "periodSeconds": 10,
+        }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",  # the operator restarts the gang; kubelet restarts would desync ranks
+        "hostname": name,
+        "subdomain": job.metadata_name,
+        "serviceAccountName": job.metadata_name,
+        # Only the controller pod talks to the API server.
+        "automountServiceAccountToken": is_controller,
+        "terminationGracePeriodSeconds": 30,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "spec", "configMap": {"name": config_name(job)}},
+        ],
+    }
+    if pool and pool.node_selector:
+        pod_spec["nodeSelector"] = dict(pool.node_selector)
+    tolerations = _tolerations(pool, gpus)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    if pool and pool.affinity:
+        pod_spec["affinity"] = pool.affinity
+    if spec.scheduling.scheduler_name:
+        pod_spec["schedulerName"] = spec.scheduling.scheduler_name
+    if spec.scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def build_pods(
+    job: RLTrainingJob, attempt: int = 0, rollout_replicas: int | None = None
+) -> dict[str, dict[str, Any]]:
+    """Every pod of the job by name; `rollout_replicas` overrides the rollout count (scaling)."""
+    out: dict[str, dict[str, Any]] = {}
+    for role, n in role_replicas(job.spec).items():
+        if role == "rollout" and rollout_replicas is not None:
+            n = rollout_replicas
+        for i in range(n):
+            pod = build_pod(job, role, i, attempt)
+            out[pod["metadata"]["name"]] = pod
+    return out

@@ -1,0 +1,100 @@
+"""`rlhf operator` and `rlhf crd`, plugged into the `rlhf` command by `rlhf_trainer.cli`.
+
+Importing this module is cheap: kopf and the Kubernetes client are imported only when
+`rlhf operator` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _cmd_crd(args: argparse.Namespace) -> int:
+    from rlhf_operator import crd
+
+    if args.check is not None:
+        files = [Path(f) for f in args.check] or list(crd.CRD_FILES)
+        stale = crd.stale_files(files)
+        for f in stale:
+            print(f"{f}: stale; regenerate with `rlhf crd --write`", file=sys.stderr)
+        if not stale:
+            print(f"up to date: {', '.join(str(f) for f in files)}")
+        return 1 if stale else 0
+    if args.write:
+        for f in crd.write_files():
+            print(f"wrote {f}")
+        return 0
+    sys.stdout.write(crd.render_crd())
+    return 0
+
+
+def _cmd_operator(args: argparse.Namespace) -> int:
+    import logging
+
+    import kopf
+    from prometheus_client import start_http_server
+
+    import rlhf_operator.handlers  # noqa: F401  (registers the handlers with kopf)
+
+    if args.all_namespaces and args.namespace:
+        print("rlhf operator: give --namespace or --all-namespaces, not both", file=sys.stderr)
+        return 2
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
+    logging.getLogger("rlhf_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    if args.metrics_port:
+        start_http_server(args.metrics_port)
+    kwargs: dict[str, Any] = {
+        "clusterwide": args.all_namespaces or not args.namespace,
+        "namespaces": args.namespace or (),
+        "liveness_endpoint": args.liveness,
+    }
+    if args.peering:
+        kwargs.update(peering_name=args.peering, standalone=False)
+    else:
+        kwargs.update(standalone=True)
+    kopf.run(**kwargs)
+    return 0
+
+
+def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("crd", help="print, write or check the RLTrainingJob CRD generated from the spec")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true", help="write crds/ and the Helm chart's copy")
+    g.add_argument(
+        "--check",
+        nargs="*",
+        metavar="FILE",
+        help="exit 1 when FILE (default: crds/ and the chart's copy) differs from the generated CRD",
+    )
+    p.set_defaults(func=_cmd_crd)
+
+    p = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
+    p.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="watch only this namespace (repeatable; glob patterns allowed)",
+    )
+    p.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (the default)")
+    p.add_argument(
+        "--peering",
+        metavar="NAME",
+        default=None,
+        help="kopf peering object: replicas sharing it elect one active operator (needs the peering CRDs)",
+    )
+    p.add_argument(
+        "--liveness",
+        metavar="URL",
+        default=None,
+        help="serve liveness/readiness, e.g. http://0.0.0.0:8081/healthz",
+    )
+    p.add_argument(
+        "--metrics-port", type=int, default=0, metavar="PORT", help="serve Prometheus /metrics (0: off)"
+    )
+    p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    p.set_defaults(func=_cmd_operator)

@@ -1,0 +1,113 @@
+"""kopf wiring: thin handlers around `executor.Executor` (which runs `reconcile.plan`).
+
+One daemon per RLTrainingJob runs reconcile passes. Watch events on the job or on its pods only
+wake that daemon; bursts of events (a gang of pods starting) coalesce into one pass, and a pass
+always starts from a fresh read, so nothing depends on seeing every event (level-based). The
+daemon also wakes on its own after the plan's `requeue_after` (backoff, timeouts, TTL) or the
+resync period.
+
+Imported only by `rlhf operator` (it registers handlers with kopf at import time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from rlhf_operator import kube
+from rlhf_operator.executor import Executor
+from rlhf_operator.labels import FINALIZER, GROUP, JOB_NAME, PLURAL, VERSION
+
+#: Upper bound between two passes of a job even when nothing happens (drift repair).
+RESYNC_SECONDS = float(os.environ.get("RLHF_OPERATOR_RESYNC_SECONDS", "300"))
+#: Collect a burst of watch events for this long before a pass.
+DEBOUNCE_SECONDS = float(os.environ.get("RLHF_OPERATOR_DEBOUNCE_SECONDS", "0.2"))
+
+_wake: dict[tuple[str, str], asyncio.Event] = {}
+_executor: Executor | None = None
+
+
+def _get_executor() -> Executor:
+    global _executor
+    if _executor is None:
+        _executor = Executor(kube.Kube())
+    return _executor
+
+
+def _wake_job(namespace: str | None, name: str | None) -> None:
+    ev = _wake.get((namespace or "", name or ""))
+    if ev is not None:
+        ev.set()
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = FINALIZER
+    # Reconnect watches that went quiet (a half-open TCP connection would otherwise hang forever).
+    settings.watching.server_timeout = int(os.environ.get("RLHF_OPERATOR_WATCH_SERVER_TIMEOUT", "300"))
+    settings.watching.client_timeout = settings.watching.server_timeout + 30
+    settings.watching.connect_timeout = 30
+    settings.batching.worker_limit = int(os.environ.get("RLHF_OPERATOR_WORKER_LIMIT", "32"))
+    settings.posting.level = logging.WARNING  # our own Events carry the transitions
+    settings.peering.priority = int(os.environ.get("RLHF_OPERATOR_PRIORITY", "0"))
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+@kopf.on.probe(id="jobs")
+def jobs_probe(**_: Any) -> int:
+    """Readiness detail on the liveness endpoint: how many jobs this operator drives."""
+    return len(_wake)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def job_event(name: str | None, namespace: str | None, **_: Any) -> None:
+    _wake_job(namespace, name)
+
+
+@kopf.on.event("v1", "pods", labels={JOB_NAME: kopf.PRESENT})
+async def pod_event(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+    _wake_job(namespace, labels.get(JOB_NAME))
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_backoff=1.0, cancellation_timeout=10.0)
+async def job_worker(name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """Reconcile one job until it is deleted (or the operator stops, or another one takes over)."""
+    namespace = namespace or ""
+    key = (namespace, name)
+    wake = _wake.setdefault(key, asyncio.Event())
+    executor = _get_executor()
+    try:
+        while not stopped:
+            wake.clear()
+            try:
+                outcome = await asyncio.to_thread(executor.reconcile, namespace, name)
+            except kube.Retry as err:
+                raise kopf.TemporaryError(str(err), delay=err.delay) from err
+            if outcome.gone:
+                return
+            if outcome.invalid:
+                raise kopf.PermanentError(f"invalid spec: {outcome.invalid}")
+            timeout = (
+                RESYNC_SECONDS
+                if outcome.requeue_after is None
+                else min(outcome.requeue_after, RESYNC_SECONDS)
+            )
+            if timeout > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), timeout=timeout)
+                if DEBOUNCE_SECONDS:
+                    await asyncio.sleep(DEBOUNCE_SECONDS)  # coalesce the rest of a burst of events
+    finally:
+        if _wake.get(key) is wake:
+            del _wake[key]
+        executor.forget(namespace, name)

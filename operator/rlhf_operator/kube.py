@@ -1,0 +1,196 @@
+"""The few API calls the operator makes, on plain dicts, over the official client's ApiClient.
+
+Every error that means "try again later" becomes `kopf.TemporaryError`-compatible `Retry`; a
+conflict on the status write (another writer got there first) is `Conflict`. Kept generic
+(any kind, by apiVersion and kind) so that PodGroups of scheduler-plugins or Volcano need no
+extra client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+from rlhf_operator import labels
+
+#: Resource (plural) of each kind the operator writes.
+PLURALS = {
+    "Pod": "pods",
+    "ServiceAccount": "serviceaccounts",
+    "Secret": "secrets",
+    "ConfigMap": "configmaps",
+    "Service": "services",
+    "Event": "events",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "PodGroup": "podgroups",
+    labels.KIND: labels.PLURAL,
+}
+
+
+class Retry(Exception):
+    """A transient API failure; try again after `delay` seconds."""
+
+    def __init__(self, message: str, delay: float = 5.0):
+        super().__init__(message)
+        self.delay = delay
+
+
+class Conflict(Exception):
+    """The object changed since it was read (optimistic concurrency)."""
+
+
+def path(api_version: str, kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    out = f"{prefix}/namespaces/{namespace}/{PLURALS[kind]}"
+    if name:
+        out += f"/{name}"
+    if sub:
+        out += f"/{sub}"
+    return out
+
+
+class Kube:
+    """Synchronous calls; the operator runs them in worker threads, tests call them directly."""
+
+    def __init__(self, api_client: Any = None) -> None:
+        if api_client is None:
+            from kubernetes import client
+
+            api_client = client.ApiClient()
+        self.api = api_client
+
+    def _call(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        query: list[tuple[str, Any]] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            resp = self.api.call_api(
+                url,
+                method,
+                query_params=query or [],
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _preload_content=False,
+            )
+        except ApiException as err:
+            if err.status == 409:
+                raise Conflict(f"{method} {url}: {_reason(err)}") from err
+            if err.status == 404:
+                raise LookupError(f"{method} {url}: not found") from err
+            delay = 1.0 if err.status == 429 else 5.0
+            raise Retry(f"{method} {url}: HTTP {err.status}: {_reason(err)}", delay) from err
+        except OSError as err:  # connection refused or reset: the API server is restarting
+            raise Retry(f"{method} {url}: {err}") from err
+        data = resp.data
+        return json.loads(data) if data else None
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call("GET", path(labels.API_VERSION, labels.KIND, namespace, name))  # type: ignore[no-any-return]
+        except LookupError:
+            return None
+
+    def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        data = self._call(
+            "GET", path("v1", "Pod", namespace), query=[("labelSelector", f"{labels.JOB_NAME}={job}")]
+        )
+        return list(data.get("items") or [])
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        """Create `obj`; False when it already exists (create-if-absent)."""
+        meta = obj["metadata"]
+        try:
+            self._call(
+                "POST",
+                path(obj["apiVersion"], obj["kind"], meta["namespace"]),
+                body=obj,
+                query=[("fieldManager", labels.FIELD_MANAGER)],
+            )
+        except Conflict:
+            return False
+        return True
+
+    def merge_patch(self, obj: dict[str, Any], patch: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        self._call(
+            "PATCH",
+            path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]),
+            body=patch,
+            query=[("fieldManager", labels.FIELD_MANAGER)],
+            content_type="application/merge-patch+json",
+        )
+
+    def delete(self, obj: dict[str, Any]) -> None:
+        """Delete `obj` if it is still the same object (uid precondition); gone already is fine."""
+        meta = obj["metadata"]
+        body: dict[str, Any] = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "propagationPolicy": "Background",
+        }
+        if meta.get("uid"):
+            body["preconditions"] = {"uid": meta["uid"]}
+        with contextlib.suppress(LookupError, Conflict):
+            self._call(
+                "DELETE",
+                path(obj.get("apiVersion", "v1"), obj.get("kind", "Pod"), meta["namespace"], meta["name"]),
+                body=body,
+            )
+
+    def patch_status(self, job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patch the operator's keys of the job's status, only if the job is unchanged since read."""
+        meta = job["metadata"]
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}
+        return self._call(  # type: ignore[no-any-return]
+            "PATCH",
+            path(labels.API_VERSION, labels.KIND, meta["namespace"], meta["name"], "status"),
+            body=patch,
+            query=[("fieldManager", labels.FIELD_MANAGER)],
+            content_type="application/merge-patch+json",
+        )
+
+    def event(self, job: dict[str, Any], type_: str, reason: str, message: str, now: str) -> None:
+        meta = job["metadata"]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": labels.API_VERSION,
+                "kind": labels.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": labels.FIELD_MANAGER},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "reportingComponent": labels.FIELD_MANAGER,
+        }
+        self._call("POST", path("v1", "Event", meta["namespace"]), body=body)
+
+
+def _reason(err: Any) -> str:
+    try:
+        return str(json.loads(err.body).get("message"))
+    except (TypeError, ValueError, AttributeError):
+        return str(err.reason)

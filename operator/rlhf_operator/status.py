@@ -1,0 +1,162 @@
+"""The `status` of an RLTrainingJob: its schema (dataclasses, rendered into the CRD like the spec)
+and the pure helpers that compute it (conditions, the printer-column summaries).
+
+Who writes what:
+
+* the operator: phase, conditions, observedGeneration, restarts, startTime, completionTime,
+  summary, rollout.{desired, ready, selector, generation};
+* the controller pod: progress.* and rollout.syncedGeneration (the resharding protocol).
+
+The operator writes its keys with a JSON merge patch that never names the controller's keys, so
+neither side overwrites the other.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rlhf_trainer.spec import _f
+
+Phase = Literal["Pending", "Scheduling", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+PHASES: tuple[str, ...] = (
+    "Pending",
+    "Scheduling",
+    "Running",
+    "Restarting",
+    "Suspended",
+    "Succeeded",
+    "Failed",
+)
+FINISHED = ("Succeeded", "Failed")
+
+# Condition types. Each is True/False with a reason and a message.
+SCHEDULED = "Scheduled"  # every pod of the gang is bound to a node
+RUNNING = "Running"  # every pod of the gang runs
+RESTARTING = "Restarting"  # a gang restart is in progress (waiting for its backoff or old pods)
+UNSCHEDULABLE = "Unschedulable"  # pods waited longer than scheduling.timeoutSeconds
+SUSPENDED = "Suspended"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+CONDITION_TYPES = (SCHEDULED, RUNNING, RESTARTING, UNSCHEDULABLE, SUSPENDED, SUCCEEDED, FAILED)
+
+
+@dataclass
+class Condition:
+    """One observation about the job, in the Kubernetes conditions convention."""
+
+    type: str = _f(doc="Condition type: " + ", ".join(CONDITION_TYPES) + ".")
+    status: Literal["True", "False", "Unknown"] = _f(doc="Whether the condition holds.")
+    reason: str = _f("", doc="One CamelCase word saying why.")
+    message: str = _f("", doc="Human-readable details, naming the pods or values involved.")
+    last_transition_time: str | None = _f(None, doc="When `status` last changed (RFC 3339).")
+
+
+@dataclass
+class ProgressStatus:
+    """Training progress, written by the controller pod (other keys it adds are kept)."""
+
+    step: int = _f(0, doc="Completed training steps.")
+    total_steps: int = _f(0, doc="Steps the job will run (spec.training.steps).")
+    reward: float | None = _f(None, doc="Mean reward of the last step.")
+    checkpoint_step: int | None = _f(None, doc="Step of the latest complete checkpoint.")
+    updated: str | None = _f(None, doc="When the controller last wrote progress (RFC 3339).")
+
+
+@dataclass
+class RolloutStatus:
+    """The elastic rollout fleet; backs the /scale subresource."""
+
+    desired: int = _f(0, doc="Rollout replicas the operator maintains (spec.roles.rollout.replicas).")
+    ready: int = _f(0, doc="Rollout pods running (the /scale subresource's status replicas).")
+    selector: str = _f("", doc="Label selector of the rollout pods (for HPA and KEDA).")
+    generation: int = _f(
+        0, doc="Bumped by the operator whenever the rollout membership changes (resharding protocol)."
+    )
+    synced_generation: int = _f(
+        0,
+        doc="Written by the controller pod once it has drained leaving replicas and pushed weights to "
+        "every member of `generation`; the operator deletes a leaving pod only after this catches up.",
+    )
+
+
+@dataclass
+class SummaryStatus:
+    """Strings shown by `kubectl get rltj` (printer columns cannot format numbers)."""
+
+    step: str = _f("", doc="`done/total` steps.")
+    rollout: str = _f("", doc="`ready/desired` rollout replicas.")
+
+
+@dataclass
+class JobStatus:
+    """Observed state of an RLTrainingJob."""
+
+    phase: Phase = _f("Pending", doc="Where the job is in its life: " + ", ".join(PHASES) + ".")
+    conditions: list[Condition] = _f([], doc="Latest observations, one per type.")
+    observed_generation: int = _f(0, doc="metadata.generation the operator last acted on.")
+    restarts: int = _f(0, doc="Gang restarts so far (also the restart attempt of the current pods).")
+    start_time: str | None = _f(None, doc="When every pod of the job first ran (RFC 3339).")
+    completion_time: str | None = _f(None, doc="When the job Succeeded or Failed (RFC 3339).")
+    progress: ProgressStatus = _f(ProgressStatus, doc="Training progress (written by the controller pod).")
+    rollout: RolloutStatus = _f(RolloutStatus, doc="The rollout fleet.")
+    summary: SummaryStatus = _f(SummaryStatus, doc="Printer-column strings.")
+
+
+# --------------------------------------------------------------------------------------------
+# Pure helpers
+# --------------------------------------------------------------------------------------------
+
+
+def rfc3339(t: dt.datetime) -> str:
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> dt.datetime | None:
+    if not value:
+        return None
+    return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+
+
+def get_condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == type_:
+            return dict(cond)
+    return None
+
+
+def condition_is(status: dict[str, Any], type_: str) -> bool:
+    cond = get_condition(status, type_)
+    return bool(cond and cond.get("status") == "True")
+
+
+def set_condition(
+    conditions: list[dict[str, Any]],
+    type_: str,
+    true: bool,
+    reason: str,
+    message: str,
+    now: dt.datetime,
+) -> list[dict[str, Any]]:
+    """A new conditions list with `type_` set; lastTransitionTime moves only when the status flips."""
+    status = "True" if true else "False"
+    out = [dict(c) for c in conditions if c.get("type") != type_]
+    old = next((c for c in conditions if c.get("type") == type_), None)
+    since = old.get("lastTransitionTime") if old and old.get("status") == status else rfc3339(now)
+    out.append(
+        {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": since}
+    )
+    order = {t: i for i, t in enumerate(CONDITION_TYPES)}
+    return sorted(out, key=lambda c: order.get(c["type"], len(order)))
+
+
+def summary(status: dict[str, Any], total_steps: int) -> dict[str, str]:
+    """Printer-column strings from a status: `12/20` steps and `2/3` ready/desired rollout replicas."""
+    progress = status.get("progress") or {}
+    rollout = status.get("rollout") or {}
+    total = progress.get("totalSteps") or total_steps
+    return {
+        "step": f"{progress.get('step', 0)}/{total}",
+        "rollout": f"{rollout.get('ready', 0)}/{rollout.get('desired', 0)}",
+    }

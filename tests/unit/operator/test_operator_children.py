@@ -1,0 +1,414 @@
+"""Builders of the job's children: whole-manifest comparisons, no cluster."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import yaml
+from operator_helpers import BASE_SPEC, job
+
+from rlhf_operator import children
+from rlhf_trainer.spec import parse_job, parse_spec, to_dict
+
+OWNER = {
+    "apiVersion": "rlhf.dev/v1alpha1",
+    "kind": "RLTrainingJob",
+    "name": "j",
+    "uid": "uid-1",
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
+JOB_LABELS = {
+    "rlhf.dev/job-name": "j",
+    "app.kubernetes.io/managed-by": "rlhf-operator",
+    "app.kubernetes.io/part-of": "rlhf-operator",
+}
+
+
+def _job(**spec_updates: Any):
+    return parse_job(job(**spec_updates))
+
+
+def _meta(name: str, **extra_labels: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": "ns",
+        "labels": {**JOB_LABELS, **extra_labels},
+        "ownerReferences": [OWNER],
+    }
+
+
+SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "fsGroup": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def _env(role: str, index: int, attempt: int, worker: bool) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "RLHF_JOB_NAME", "value": "j"},
+        {"name": "RLHF_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "RLHF_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "RLHF_ROLE", "value": role},
+        {"name": "RLHF_REPLICA_INDEX", "value": str(index)},
+        {"name": "RLHF_RESTART_ATTEMPT", "value": str(attempt)},
+        {"name": "RLHF_MANIFEST", "value": "/etc/rlhf/job.yaml"},
+        {"name": "RLHF_CONTROLLER_ADDRESS", "value": "j-controller.j.ns.svc"},
+        {"name": "RAY_AUTH_MODE", "value": "token"},
+        {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": "j-ray-token", "key": "token"}}},
+        {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+        {"name": "NCCL_DEBUG", "value": "WARN"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    if worker:
+        env.insert(8, {"name": "RAY_ADDRESS", "value": "j-controller.j.ns.svc:6379"})
+    return env
+
+
+VOLUMES = [
+    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+    {"name": "tmp", "emptyDir": {}},
+    {"name": "spec", "configMap": {"name": "j-spec"}},
+]
+MOUNTS = [
+    {"name": "dshm", "mountPath": "/dev/shm"},
+    {"name": "tmp", "mountPath": "/tmp"},
+    {"name": "spec", "mountPath": "/etc/rlhf", "readOnly": True},
+]
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+EXPECTED_ACTOR_1 = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": _meta(
+        "j-actor-1",
+        **{"rlhf.dev/role": "actor", "rlhf.dev/replica-index": "1", "rlhf.dev/restart-attempt": "3"},
+    ),
+    "spec": {
+        "restartPolicy": "Never",
+        "hostname": "j-actor-1",
+        "subdomain": "j",
+        "serviceAccountName": "j",
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 30,
+        "enableServiceLinks": False,
+        "securityContext": SECURITY,
+        "containers": [
+            {
+                "name": "trainer",
+                "image": "trainer:test",
+                "command": [
+                    "ray",
+                    "start",
+                    "--block",
+                    "--address=j-controller.j.ns.svc:6379",
+                    "--num-gpus=8",
+                    '--resources={"rlhf.dev/role-actor": 1}',
+                ],
+                "env": _env("actor", 1, 3, worker=True),
+                "resources": {
+                    "requests": {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "8"},
+                    "limits": {"memory": "64Gi", "nvidia.com/gpu": "8"},
+                },
+                "ports": [{"name": "ray", "containerPort": 6379}],
+                "volumeMounts": MOUNTS,
+                "securityContext": CONTAINER_SECURITY,
+            }
+        ],
+        "volumes": VOLUMES,
+        "nodeSelector": {"rlhf.dev/pool": "h100"},
+        "tolerations": [GPU_TOLERATION],
+    },
+}
+
+EXPECTED_CONTROLLER = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": _meta(
+        "j-controller",
+        **{"rlhf.dev/role": "controller", "rlhf.dev/replica-index": "0", "rlhf.dev/restart-attempt": "0"},
+    ),
+    "spec": {
+        "restartPolicy": "Never",
+        "hostname": "j-controller",
+        "subdomain": "j",
+        "serviceAccountName": "j",
+        "automountServiceAccountToken": True,
+        "terminationGracePeriodSeconds": 30,
+        "enableServiceLinks": False,
+        "securityContext": SECURITY,
+        "containers": [
+            {
+                "name": "trainer",
+                "image": "trainer:test",
+                "command": ["rlhf", "controller", "/etc/rlhf/job.yaml"],
+                "env": [
+                    *_env("controller", 0, 0, worker=False),
+                    {"name": "RLHF_METRICS_PORT", "value": "8080"},
+                ],
+                "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
+                "ports": [{"name": "ray", "containerPort": 6379}, {"name": "metrics", "containerPort": 8080}],
+                "volumeMounts": MOUNTS,
+                "securityContext": CONTAINER_SECURITY,
+                "readinessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 10},
+            }
+        ],
+        "volumes": VOLUMES,
+    },
+}
+
+
+def test_actor_pod_whole_manifest() -> None:
+    assert children.build_pod(_job(), "actor", 1, attempt=3) == EXPECTED_ACTOR_1
+
+
+def test_controller_pod_whole_manifest() -> None:
+    assert children.build_pod(_job(), "controller") == EXPECTED_CONTROLLER
+
+
+# (case, spec updates, role, index, expected differences from the actor pod: path -> value)
+POD_VARIANTS = [
+    (
+        "rollout on an untainted pool gets the GPU toleration added",
+        {},
+        "rollout",
+        0,
+        {
+            ("spec", "nodeSelector"): {"rlhf.dev/pool": "l4"},
+            ("spec", "tolerations"): [GPU_TOLERATION],
+        },
+    ),
+    (
+        "CPU pod without a pool: no selector, no toleration, no GPU limits",
+        {
+            "roles": {
+                **BASE_SPEC["roles"],
+                "reward": {"replicas": 1, "resources": {"cpu": "2", "memory": "8Gi", "shm": "2Gi"}},
+            }
+        },
+        "reward",
+        0,
+        {
+            ("spec", "nodeSelector"): None,
+            ("spec", "tolerations"): None,
+            ("spec", "containers", 0, "resources"): {
+                "requests": {"cpu": "2", "memory": "8Gi"},
+                "limits": {"memory": "8Gi"},
+            },
+            ("spec", "volumes", 0): {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
+        },
+    ),
+    (
+        "scheduler, priority and affinity pass through",
+        {
+            "scheduling": {"schedulerName": "volcano", "priorityClassName": "high"},
+            "nodePools": [
+                {**BASE_SPEC["nodePools"][0], "affinity": {"nodeAffinity": {"x": 1}}},
+                BASE_SPEC["nodePools"][1],
+            ],
+        },
+        "actor",
+        0,
+        {
+            ("spec", "schedulerName"): "volcano",
+            ("spec", "priorityClassName"): "high",
+            ("spec", "affinity"): {"nodeAffinity": {"x": 1}},
+        },
+    ),
+    (
+        "Kueue queue: plain pod-group labels and the group's size",
+        {"scheduling": {"queueName": "team-a"}},
+        "actor",
+        0,
+        {
+            ("metadata", "labels", "kueue.x-k8s.io/queue-name"): "team-a",
+            ("metadata", "labels", "kueue.x-k8s.io/pod-group-name"): "j",
+            ("metadata", "annotations"): {"kueue.x-k8s.io/pod-group-total-count": "6"},
+        },
+    ),
+    (
+        "scheduler-plugins PodGroup label",
+        {"scheduling": {"podGroup": "scheduler-plugins"}},
+        "actor",
+        0,
+        {("metadata", "labels", "scheduling.x-k8s.io/pod-group"): "j"},
+    ),
+    (
+        "Volcano PodGroup annotation",
+        {"scheduling": {"podGroup": "volcano"}},
+        "actor",
+        0,
+        {("metadata", "annotations"): {"scheduling.k8s.io/group-name": "j"}},
+    ),
+]
+
+
+def _get(obj: Any, path: tuple[Any, ...]) -> Any:
+    for key in path:
+        if isinstance(obj, dict):
+            obj = obj.get(key)
+        elif isinstance(obj, list):
+            obj = obj[key]
+        if obj is None:
+            return None
+    return obj
+
+
+@pytest.mark.parametrize("case,updates,role,index,expected", POD_VARIANTS, ids=[c[0] for c in POD_VARIANTS])
+def test_pod_variants(
+    case: str, updates: dict[str, Any], role: str, index: int, expected: dict[Any, Any]
+) -> None:
+    pod = children.build_pod(_job(**updates), role, index)
+    assert pod["metadata"]["name"] == f"j-{role}-{index}"
+    assert pod["metadata"]["labels"]["rlhf.dev/role"] == role
+    for path, value in expected.items():
+        assert _get(pod, path) == value, path
+
+
+def test_pods_of_a_job_one_per_replica() -> None:
+    pods = children.build_pods(_job())
+    assert sorted(pods) == [
+        "j-actor-0",
+        "j-actor-1",
+        "j-controller",
+        "j-reference-0",
+        "j-rollout-0",
+        "j-rollout-1",
+    ]
+    assert sorted(children.build_pods(_job(), rollout_replicas=3)) == sorted([*pods, "j-rollout-2"])
+
+
+def test_colocated_placement_has_no_rollout_pods() -> None:
+    roles = {**BASE_SPEC["roles"], "placement": "colocated"}
+    assert "rollout" not in children.role_replicas(parse_spec({**BASE_SPEC, "roles": roles}))
+
+
+STATIC = [
+    (
+        children.build_service_account,
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _meta("j"),
+            "automountServiceAccountToken": False,
+        },
+    ),
+    (
+        children.build_role,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta("j"),
+            "rules": [
+                {
+                    "apiGroups": ["rlhf.dev"],
+                    "resources": ["rltrainingjobs"],
+                    "resourceNames": ["j"],
+                    "verbs": ["get", "watch"],
+                },
+                {
+                    "apiGroups": ["rlhf.dev"],
+                    "resources": ["rltrainingjobs/status"],
+                    "resourceNames": ["j"],
+                    "verbs": ["get", "patch"],
+                },
+            ],
+        },
+    ),
+    (
+        children.build_role_binding,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta("j"),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "j"},
+            "subjects": [{"kind": "ServiceAccount", "name": "j", "namespace": "ns"}],
+        },
+    ),
+    (
+        children.build_service,
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _meta("j"),
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": {"rlhf.dev/job-name": "j"},
+                "ports": [
+                    {"name": "ray", "port": 6379, "targetPort": 6379},
+                    {"name": "metrics", "port": 8080, "targetPort": 8080},
+                ],
+            },
+        },
+    ),
+    (
+        lambda j: children.build_secret(j, "tok"),
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": _meta("j-ray-token"),
+            "type": "Opaque",
+            "stringData": {"token": "tok"},
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("builder,expected", STATIC, ids=[e["kind"] for _, e in STATIC])
+def test_static_children_whole_manifest(builder: Any, expected: dict[str, Any]) -> None:
+    assert builder(_job()) == expected
+
+
+def test_config_map_holds_the_defaulted_spec() -> None:
+    cm = children.build_config_map(_job())
+    assert cm["metadata"] == _meta("j-spec")
+    doc = yaml.safe_load(cm["data"]["job.yaml"])
+    assert doc["metadata"] == {"name": "j", "namespace": "ns"}
+    assert doc["spec"] == to_dict(_job().spec)
+    assert parse_job(doc).spec == _job().spec  # the controller pod loads it back
+
+
+@pytest.mark.parametrize(
+    "kind,expected",
+    [
+        ("none", None),
+        (
+            "scheduler-plugins",
+            {
+                "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+                "kind": "PodGroup",
+                "metadata": _meta("j"),
+                "spec": {"minMember": 6, "scheduleTimeoutSeconds": 60},
+            },
+        ),
+        (
+            "volcano",
+            {
+                "apiVersion": "scheduling.volcano.sh/v1beta1",
+                "kind": "PodGroup",
+                "metadata": _meta("j"),
+                "spec": {"minMember": 6},
+            },
+        ),
+    ],
+)
+def test_pod_group(kind: str, expected: dict[str, Any] | None) -> None:
+    spec = copy.deepcopy(BASE_SPEC)
+    spec["scheduling"] = {"timeoutSeconds": 60, "podGroup": kind}
+    assert children.build_pod_group(parse_job(job(spec=spec))) == expected
+
+
+def test_static_children_order_role_before_binding_and_config_before_pods() -> None:
+    kinds = [o["kind"] for o in children.build_static_children(_job(), "t")]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Secret", "ConfigMap", "Service"]
