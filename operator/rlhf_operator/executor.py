@@ -9,6 +9,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -18,6 +19,11 @@ from rlhf_operator import children, kube, metrics, reconcile
 from rlhf_operator.status import rfc3339
 
 log = logging.getLogger("rlhf_operator")
+
+#: Test hook: after this many pod creations the process hangs, so that a test can SIGKILL it in
+#: the middle of creating a job's children. Unset in production.
+_PAUSE_AFTER_CREATES = int(os.environ.get("RLHF_OPERATOR_PAUSE_AFTER_CREATES", "0"))
+_creates = 0
 
 
 @dataclass
@@ -74,6 +80,7 @@ class Executor:
         for pod in plan.create:
             if self.kube.create(pod):
                 metrics.PODS_CREATED.inc()
+                _test_pause_hook()
         stamp = rfc3339(now)
         for ev in plan.events:
             if ev.reason == "GangRestart":
@@ -104,3 +111,14 @@ class Executor:
             if not created and obj["kind"] == "ConfigMap":
                 self.kube.merge_patch(obj, {"data": obj["data"]})
         self._ensured[key] = (uid, digest)
+
+
+def _test_pause_hook() -> None:
+    global _creates
+    _creates += 1
+    if _PAUSE_AFTER_CREATES and _creates >= _PAUSE_AFTER_CREATES:
+        log.warning(
+            "RLHF_OPERATOR_PAUSE_AFTER_CREATES=%d reached: hanging until killed", _PAUSE_AFTER_CREATES
+        )
+        while True:
+            time.sleep(3600)

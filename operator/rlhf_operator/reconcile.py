@@ -331,7 +331,9 @@ def plan(body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime) -> 
 
     # -- phase ------------------------------------------------------------------------------------
     member_names = set(desired_gang) | {children.pod_name(name, "rollout", i) for i in range(rollout_desired)}
-    members = [p for p in current if p["metadata"]["name"] in member_names and p["metadata"]["name"] not in leaving]
+    members = [
+        p for p in current if p["metadata"]["name"] in member_names and p["metadata"]["name"] not in leaving
+    ]
     expected = len(desired_gang) + rollout_desired
     all_exist = len(members) == expected
     if phase in ("Pending", "Restarting"):

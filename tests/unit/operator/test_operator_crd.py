@@ -107,3 +107,27 @@ def test_cli_module_imports_without_kopf_or_kubernetes() -> None:
     code = "import sys, rlhf_operator.cli; print(sorted(m for m in sys.modules if m.split('.')[0] in ('kopf', 'kubernetes')))"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "[]"
+
+
+def test_chart_values_are_all_documented() -> None:
+    """Every value has a `# --` comment (helm-docs style); the children of a documented value
+    (e.g. resources.requests.cpu) are covered by it; a bare section only groups documented values."""
+    lines = (ROOT / "charts" / "rlhf-operator" / "values.yaml").read_text().splitlines()
+    covered_below: int | None = None
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        indent = len(line) - len(line.lstrip())
+        if covered_below is not None and indent > covered_below:
+            continue
+        covered_below = None
+        if stripped.startswith("-"):
+            continue
+        j = i - 1
+        while j >= 0 and lines[j].strip().startswith("#") and not lines[j].strip().startswith("# --"):
+            j -= 1
+        if j >= 0 and lines[j].strip().startswith("# --"):
+            covered_below = indent
+            continue
+        assert stripped.endswith(":"), f"values.yaml line {i + 1} is undocumented: {line!r}"

@@ -1,0 +1,387 @@
+"""The operator on the real control plane, under the chart's RBAC (its ServiceAccount, not admin).
+
+Each test gets a fresh namespace and its own `rlhf operator` process watching only that namespace.
+Pods are faked by kwok: the scheduler, garbage collector, pod GC and RBAC are real.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from harness import Cluster, assets_dir, wait_for
+
+from rlhf_operator.testing import OperatorProcess
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "rlhf-operator"
+OPERATOR_NS = "rlhf-system"
+OPERATOR_SA = "rlhf-operator"
+GROUP, VERSION, PLURAL = "rlhf.dev", "v1alpha1", "rltrainingjobs"
+
+
+def render_chart(*values: str, namespace: str = OPERATOR_NS, include_crds: bool = True) -> str:
+    import subprocess
+
+    cmd = [str(assets_dir() / "helm"), "template", "rlhf-operator", str(CHART), "--namespace", namespace]
+    if include_crds:
+        cmd.append("--include-crds")
+    for v in values:
+        cmd += ["-f", str(CHART / "ci" / v)]
+    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture(scope="session")
+def installed(cluster: Cluster) -> Any:
+    """The chart's CRD, ServiceAccount and RBAC (no Deployment: the tests run the operator process)."""
+    cluster.kubectl("create", "namespace", OPERATOR_NS, check=False)
+    cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", "-", input=render_chart("test-values.yaml")
+    )
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+    return cluster.as_service_account(OPERATOR_NS, OPERATOR_SA)
+
+
+@pytest.fixture
+def operator(installed: Any, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(installed.kubeconfig, [namespace], log_path=tmp_path / "operator.log")
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        print(proc.log_tail(3000))
+
+
+def grpo_job(name: str, **spec_updates: Any) -> dict[str, Any]:
+    """A GRPO job across two pools: actors on h100, rollout engines on l4, reward on CPU nodes."""
+    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "grpo-h100.yaml").read_text())
+    doc["metadata"] = {"name": name}
+    doc["spec"].update(copy.deepcopy(spec_updates))
+    return doc  # type: ignore[no-any-return]
+
+
+class Api:
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        import kubernetes
+
+        self.ns = namespace
+        self.cluster = cluster
+        self.core = kubernetes.client.CoreV1Api(cluster.admin())
+        self.custom = kubernetes.client.CustomObjectsApi(cluster.admin())
+
+    def apply(self, doc: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, doc)  # type: ignore[no-any-return]
+
+    def job(self, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)  # type: ignore[no-any-return]
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.job(name).get("status") or {}
+
+    def pods(self, name: str) -> list[Any]:
+        return list(self.core.list_namespaced_pod(self.ns, label_selector=f"rlhf.dev/job-name={name}").items)
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 90) -> dict[str, Any]:
+        return wait_for(  # type: ignore[no-any-return]
+            lambda: (s := self.status(name)).get("phase") == phase and s,
+            timeout=timeout,
+            what=f"job {self.ns}/{name} to be {phase} (status: {self._safe_status(name)})",
+        )
+
+    def _safe_status(self, name: str) -> str:
+        try:
+            return json.dumps(self.status(name))[:600]
+        except Exception as err:  # only for the message
+            return repr(err)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:5]}"
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_grpo_job_over_two_pools_end_to_end(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    api = Api(cluster, namespace)
+    name = "grpo"
+    api.apply(grpo_job(name, ttlSecondsAfterFinished=3))
+    api.wait_phase(name, "Running")
+    job = api.job(name)
+    uid = job["metadata"]["uid"]
+
+    # Every child exists once, owned by the job.
+    pods = {p.metadata.name: p for p in api.pods(name)}
+    assert sorted(pods) == [
+        "grpo-actor-0",
+        "grpo-actor-1",
+        "grpo-controller",
+        "grpo-reference-0",
+        "grpo-reward-0",
+        "grpo-rollout-0",
+        "grpo-rollout-1",
+    ]
+    for kind, obj_name in [
+        ("serviceaccount", name),
+        ("role", name),
+        ("rolebinding", name),
+        ("secret", f"{name}-ray-token"),
+        ("configmap", f"{name}-spec"),
+        ("service", name),
+    ]:
+        obj = json.loads(cluster.kubectl("get", kind, obj_name, "-n", namespace, "-o", "json"))
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == uid, kind
+    for p in pods.values():
+        assert p.metadata.owner_references[0].uid == uid
+
+    # The real scheduler placed each role on its pool.
+    nodes = {p.metadata.name: p.spec.node_name for p in pods.values()}
+    assert all(nodes[f"grpo-actor-{i}"].startswith("h100-") for i in range(2)), nodes
+    assert all(nodes[f"grpo-rollout-{i}"].startswith("l4-") for i in range(2)), nodes
+    assert nodes["grpo-reward-0"].startswith("cpu-") and nodes["grpo-controller"].startswith("cpu-"), nodes
+    actor = pods["grpo-actor-0"]
+    assert actor.spec.containers[0].resources.limits["nvidia.com/gpu"] == "8"
+    assert {v.name: v.empty_dir.medium for v in actor.spec.volumes if v.empty_dir}["dshm"] == "Memory"
+
+    status = api.status(name)
+    assert (
+        status["rollout"]["ready"] == 2
+        and status["rollout"]["selector"] == "rlhf.dev/job-name=grpo,rlhf.dev/role=rollout"
+    )
+    assert status["startTime"]
+
+    # The controller pod writes progress with the job's own ServiceAccount: allowed for this job's
+    # status, nothing else.
+    controller = cluster.as_service_account(namespace, name)
+    progress = {"status": {"progress": {"step": 3, "totalSteps": 20, "reward": 0.75}}}
+    controller.kubectl(
+        "patch",
+        "rltj",
+        name,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(progress),
+    )
+
+    def can(*args: str) -> str:
+        return controller.kubectl("auth", "can-i", *args, "-n", namespace, check=False).strip()
+
+    assert can("patch", f"rltrainingjobs/{name}", "--subresource=status") == "yes"
+    assert can("patch", f"rltrainingjobs/{name}") == "no"  # not its spec
+    assert can("patch", "rltrainingjobs/other", "--subresource=status") == "no"  # not another job
+    assert can("list", "pods") == "no"
+    wait_for(
+        lambda: api.status(name).get("summary", {}).get("step") == "3/20",
+        timeout=30,
+        what="summary step 3/20",
+    )
+    table = cluster.kubectl("get", "rltj", name, "-n", namespace)
+    header, row = table.strip().splitlines()
+    assert header.split() == ["NAME", "PHASE", "STEP", "REWARD", "ROLLOUT", "RESTARTS", "AGE"]
+    assert row.split()[:6] == ["grpo", "Running", "3/20", "0.75", "2/2", "0"]
+
+    # kubectl scale works through the /scale subresource.
+    cluster.kubectl("scale", "rltj", name, "-n", namespace, "--replicas=3")
+    wait_for(
+        lambda: len([p for p in api.pods(name) if "rollout" in p.metadata.name]) == 3,
+        timeout=30,
+        what="3 rollout pods",
+    )
+    wait_for(lambda: api.status(name)["rollout"]["generation"] == 2, timeout=30, what="rollout generation 2")
+
+    # The controller pod finishing makes the job Succeeded; the TTL then deletes it and the
+    # garbage collector its children.
+    cluster.complete_pod("grpo-controller", namespace, outcome="succeeded")
+    status = api.wait_phase(name, "Succeeded")
+    assert status["completionTime"]
+    events = cluster.kubectl(
+        "get", "events", "-n", namespace, f"--field-selector=involvedObject.name={name}", "-o", "json"
+    )
+    reasons = {e["reason"] for e in json.loads(events)["items"]}
+    assert {"PodsCreated", "Running", "Succeeded"} <= reasons, reasons
+
+    import kubernetes
+
+    def job_gone() -> bool:
+        try:
+            api.job(name)
+        except kubernetes.client.ApiException as err:
+            return err.status == 404
+        return False
+
+    wait_for(job_gone, timeout=60, what="TTL deletion of the job")
+    wait_for(lambda: api.pods(name) == [], timeout=60, what="garbage collection of the pods")
+
+
+def test_node_loss_under_an_actor_restarts_the_gang_once(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    api = Api(cluster, namespace)
+    name = "lose"
+    api.apply(grpo_job(name, failurePolicy={"maxRestarts": 3, "backoffSeconds": 1}))
+    api.wait_phase(name, "Running")
+    before = {p.metadata.name: p.metadata.uid for p in api.pods(name)}
+    node = next(p.spec.node_name for p in api.pods(name) if p.metadata.name == f"{name}-actor-0")
+    cluster.delete_node(node)
+    try:
+        wait_for(lambda: api.status(name).get("restarts") == 1, timeout=150, what="restarts == 1")
+        status = api.wait_phase(name, "Running", timeout=120)
+        assert status["restarts"] == 1
+        pods = api.pods(name)
+        assert sorted(p.metadata.name for p in pods) == sorted(before)  # same stable names
+        assert all(p.metadata.labels["rlhf.dev/restart-attempt"] == "1" for p in pods)
+        assert all(before[p.metadata.name] != p.metadata.uid for p in pods)  # every pod recreated
+        assert all(p.spec.node_name != node for p in pods)
+    finally:
+        cluster.create_pools([p for p in _pools() if p.name == "h100"])  # recreate the lost node (idempotent)
+
+
+def _pools() -> list[Any]:
+    from harness import load_pools
+
+    return load_pools()
+
+
+def test_max_restarts_exhausted_fails_the_job(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    api = Api(cluster, namespace)
+    name = "crash"
+    api.apply(grpo_job(name, failurePolicy={"maxRestarts": 1, "backoffSeconds": 0}))
+    api.wait_phase(name, "Running")
+    cluster.complete_pod(f"{name}-actor-1", namespace, outcome="failed", exit_code=3)
+    wait_for(lambda: api.status(name).get("restarts") == 1, timeout=60, what="first restart")
+    api.wait_phase(name, "Running")
+    cluster.complete_pod(f"{name}-actor-1", namespace, outcome="failed", exit_code=3)
+    status = api.wait_phase(name, "Failed")
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "MaxRestartsExceeded"
+    assert f"{name}-actor-1 failed" in failed["message"] and "maxRestarts (1) exhausted" in failed["message"]
+    assert status["restarts"] == 1
+    # Running pods are removed; the failed one is kept for its logs.
+    wait_for(
+        lambda: sorted(p.metadata.name for p in api.pods(name)) == [f"{name}-actor-1"],
+        timeout=60,
+        what="only the failed pod left",
+    )
+
+
+def test_killed_rollout_pod_is_replaced_alone(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    api = Api(cluster, namespace)
+    name = "roll"
+    api.apply(grpo_job(name))
+    api.wait_phase(name, "Running")
+    before = {p.metadata.name: p.metadata.uid for p in api.pods(name)}
+    generation = api.status(name)["rollout"]["generation"]
+    cluster.kubectl("delete", "pod", f"{name}-rollout-1", "-n", namespace, "--wait=false")
+
+    def replaced() -> bool:
+        now = {p.metadata.name: p.metadata.uid for p in api.pods(name) if p.status.phase == "Running"}
+        return set(now) == set(before) and now[f"{name}-rollout-1"] != before[f"{name}-rollout-1"]
+
+    wait_for(replaced, timeout=60, what="rollout-1 replaced")
+    after = {p.metadata.name: p.metadata.uid for p in api.pods(name)}
+    assert {n for n in before if before[n] != after[n]} == {f"{name}-rollout-1"}
+    status = api.status(name)
+    assert status["restarts"] == 0 and status["phase"] == "Running"
+    assert status["rollout"]["generation"] == generation + 1
+
+
+def test_sigkilled_operator_converges_without_duplicates_or_orphans(
+    cluster: Cluster, installed: Any, namespace: str, tmp_path: Path
+) -> None:
+    api = Api(cluster, namespace)
+    name = "kill"
+    log = tmp_path / "operator.log"
+    first = OperatorProcess(
+        installed.kubeconfig, [namespace], log_path=log, env={"RLHF_OPERATOR_PAUSE_AFTER_CREATES": "3"}
+    )
+    first.start()
+    try:
+        api.apply(grpo_job(name))
+        wait_for(lambda: len(api.pods(name)) == 3, timeout=60, what="3 of 7 pods created before the kill")
+        first.kill()
+    finally:
+        first.stop()
+    assert len(api.pods(name)) == 3
+    with OperatorProcess(installed.kubeconfig, [namespace], log_path=log):
+        api.wait_phase(name, "Running")
+        uid = api.job(name)["metadata"]["uid"]
+        pods = api.pods(name)
+        assert sorted(p.metadata.name for p in pods) == sorted(
+            [
+                f"{name}-{r}"
+                for r in (
+                    "actor-0",
+                    "actor-1",
+                    "controller",
+                    "reference-0",
+                    "reward-0",
+                    "rollout-0",
+                    "rollout-1",
+                )
+            ]
+        )
+        assert all(p.metadata.owner_references[0].uid == uid for p in pods)
+        assert {p.metadata.labels["rlhf.dev/restart-attempt"] for p in pods} == {"0"}
+        assert api.status(name)["restarts"] == 0
+        for kind in ("serviceaccounts", "roles", "rolebindings", "secrets", "configmaps", "services"):
+            items = json.loads(
+                cluster.kubectl("get", kind, "-n", namespace, "-l", f"rlhf.dev/job-name={name}", "-o", "json")
+            )["items"]
+            assert len(items) == 1, (kind, [i["metadata"]["name"] for i in items])
+            assert items[0]["metadata"]["ownerReferences"][0]["uid"] == uid
+
+
+def test_suspend_removes_pods_and_resume_recreates_them(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    api = Api(cluster, namespace)
+    name = "pause"
+    api.apply(grpo_job(name))
+    api.wait_phase(name, "Running")
+    cluster.kubectl("patch", "rltj", name, "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    api.wait_phase(name, "Suspended")
+    wait_for(lambda: api.pods(name) == [], timeout=60, what="pods removed")
+    cluster.kubectl(
+        "patch", "rltj", name, "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":false}}'
+    )
+    status = api.wait_phase(name, "Running")
+    assert status["restarts"] == 0 and len(api.pods(name)) == 7
+
+
+def test_unschedulable_gang_reports_the_scheduler_reason(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    api = Api(cluster, namespace)
+    name = "huge"
+    roles = grpo_job(name)["spec"]["roles"]
+    roles["actor"]["replicas"] = 9  # 9 x 8 GPUs > 4 h100 nodes
+    api.apply(grpo_job(name, roles=roles, scheduling={"timeoutSeconds": 2, "onTimeout": "wait"}))
+
+    def reported() -> dict[str, Any] | None:
+        st = api.status(name)
+        return next(
+            (c for c in st.get("conditions", []) if c["type"] == "Unschedulable" and c["status"] == "True"),
+            None,
+        )
+
+    cond = wait_for(reported, timeout=60, what="Unschedulable condition")
+    assert "nvidia.com/gpu" in cond["message"] or "Insufficient" in cond["message"], cond
+    assert api.status(name)["phase"] == "Scheduling"
