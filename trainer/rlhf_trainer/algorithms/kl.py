@@ -25,12 +25,15 @@ Two ways to use an estimate (`Algorithm` param `kl_in_reward`):
 
 Controllers (`KL_CONTROLLERS`) own beta: `fixed`, and `adaptive` (Ziegler et al. 2019,
 arXiv:1909.08593): e = clip(KL / target - 1, -0.2, 0.2); beta <- beta * (1 + e * n_steps / horizon).
-They have `state_dict` / `load_state_dict` so beta survives a checkpoint.
+A controller is constructed with keyword arguments named after algorithm params (`kl_coef`,
+`target_kl`, `horizon`), exposes the current beta as `value`, is told `update(current_kl,
+n_steps)` once per optimizer step, says with `needs_measurement` whether `update` needs a
+measured KL, and has `state_dict` / `load_state_dict` so beta survives a checkpoint.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -168,6 +171,9 @@ def kl_loss(
 class FixedKLController:
     """A constant coefficient `kl_coef`."""
 
+    #: Whether `update` needs a measured KL (an algorithm may then skip measuring it).
+    needs_measurement: ClassVar[bool] = False
+
     def __init__(self, *, kl_coef: float) -> None:
         if kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
@@ -191,6 +197,8 @@ class AdaptiveKLController:
     the number of samples the KL was measured on, so `horizon` is counted in samples (the
     paper and verl use 10000).
     """
+
+    needs_measurement: ClassVar[bool] = True
 
     def __init__(self, *, kl_coef: float, target_kl: float, horizon: float) -> None:
         if kl_coef < 0:
