@@ -44,6 +44,7 @@ class WorkerGroup:
         replicas: int,
         *,
         distributed: bool = False,
+        start: bool = True,
         model_path: str | None = None,
         num_cpus: float = DEFAULT_WORKER_CPUS,
         num_gpus: float = 0,
@@ -57,10 +58,17 @@ class WorkerGroup:
         self.kwargs = kwargs
         self.remote_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(worker_cls)
         self.workers = [self._start(rank, replicas) for rank in range(replicas)]
-        if distributed and replicas > 1:
-            address = get([self.workers[0].pick_store_address.remote()])[0]
-            get([w.init_group.remote(address) for w in self.workers])
-        get([w.setup.remote() for w in self.workers])
+        if start:
+            WorkerGroup.start_all([self])
+
+    @staticmethod
+    def start_all(groups: Sequence[WorkerGroup]) -> None:
+        """Rendezvous each group's ranks, then load every group's models concurrently."""
+        for g in groups:
+            if g.distributed and len(g.workers) > 1:
+                address = get([g.workers[0].pick_store_address.remote()])[0]
+                get([w.init_group.remote(address) for w in g.workers])
+        get([w.setup.remote() for g in groups for w in g.workers])
 
     def _start(self, rank: int, world_size: int) -> Any:
         return self.remote_cls.remote(
