@@ -296,6 +296,10 @@ def test_algorithm_loss_over_ranks_and_micro_batches_equals_full_batch(name, mod
 
 
 def test_missing_batch_keys_are_named():
+    with pytest.raises(ValueError, match=r"shape mismatch: token_rewards \(2, 3\), response_mask \(2, 2\)"):
+        GRPO().compute_advantages({"response_mask": torch.ones(2, 2), "token_rewards": torch.ones(2, 3)})
+    with pytest.raises(ValueError, match=r"scores \(3,\) must be \(B,\) = \(2,\)"):
+        GRPO().compute_advantages({"response_mask": torch.ones(2, 2), "scores": torch.ones(3)})
     with pytest.raises(ValueError, match="needs batch key 'scores' .* or 'token_rewards'"):
         GRPO().compute_advantages({"response_mask": torch.ones(2, 2)})
     with pytest.raises(

@@ -59,8 +59,9 @@ controller's horizon is counted in.
 
 Writing your own
 ----------------
-Subclass `Algorithm` (or a built-in, see `builtin.DynamicKLPPO`), give it a `Params` dataclass
-derived from `AlgorithmParams` whose fields use `param(default, doc)`, and either register it
+Subclass `Algorithm` (or a built-in, see `builtin.DynamicKLPPO`), give it a `Params` class — a
+``@dataclasses.dataclass(frozen=True)`` derived from `AlgorithmParams` whose fields use
+`param(default, doc)` and whose `validate()` holds the cross-field rules — and either register it
 (``@ALGORITHMS.register("my_algo")``) or name it by import path in the manifest
 (``spec.algorithm.name: my_pkg.algos:MyAlgo``).
 """

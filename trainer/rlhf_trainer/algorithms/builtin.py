@@ -83,9 +83,14 @@ class PolicyGradientParams(AlgorithmParams):
         "Policy surrogate loss (POLICY_LOSSES): 'ppo' clipped or 'gspo' sequence-level.",
         choices=POLICY_LOSSES,
     )
-    clip_ratio_low: float = param(0.2, "Lower clip epsilon: the ratio is clipped at 1 - clip_ratio_low.")
+    clip_ratio_low: float = param(
+        0.2,
+        "Lower clip epsilon: the ratio is clipped at 1 - clip_ratio_low (the GSPO paper uses 3e-4 for gspo).",
+    )
     clip_ratio_high: float = param(
-        0.2, "Upper clip epsilon: the ratio is clipped at 1 + clip_ratio_high (DAPO's clip-higher uses 0.28)."
+        0.2,
+        "Upper clip epsilon: the ratio is clipped at 1 + clip_ratio_high (DAPO's clip-higher uses 0.28; "
+        "GSPO 4e-4).",
     )
     clip_ratio_c: float | None = param(
         3.0,
@@ -174,11 +179,11 @@ class PolicyGradientAlgorithm(Algorithm):
         token_rewards = batch.get("token_rewards")
         scores = batch.get("scores")
         if token_rewards is not None:
-            token_rewards = torch.where(mask.bool(), token_rewards, torch.zeros_like(token_rewards))
-            if token_rewards.shape != mask.shape:
+            if tuple(token_rewards.shape) != tuple(mask.shape):
                 raise ValueError(
                     f"shape mismatch: token_rewards {tuple(token_rewards.shape)}, response_mask {tuple(mask.shape)}"
                 )
+            token_rewards = torch.where(mask.bool(), token_rewards, torch.zeros_like(token_rewards))
             scores = token_rewards.sum(dim=1)
         elif scores is not None:
             token_rewards = scores_to_token_rewards(scores, mask)
