@@ -44,6 +44,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         return 2
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("rlhf_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    logging.getLogger("urllib3").setLevel(logging.WARNING)
     if args.metrics_port:
         start_http_server(args.metrics_port)
     kwargs: dict[str, Any] = {

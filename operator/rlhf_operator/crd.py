@@ -53,6 +53,23 @@ def _bound(schema: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _full_defaults(schema: dict[str, Any]) -> dict[str, Any]:
+    """Replace `default: {}` of an object by the object with its properties' defaults filled in.
+
+    The API server checks each default against the CEL rules of its schema *without* applying the
+    nested defaults first, so `{}` would fail `self.minReplicas <= self.maxReplicas`."""
+    out = dict(schema)
+    if "properties" in out:
+        out["properties"] = {k: _full_defaults(v) for k, v in out["properties"].items()}
+    if isinstance(out.get("items"), dict):
+        out["items"] = _full_defaults(out["items"])
+    if out.get("type") == "object" and out.get("default") == {} and "properties" in out:
+        out["default"] = {
+            k: copy.deepcopy(v["default"]) for k, v in out["properties"].items() if "default" in v
+        }
+    return out
+
+
 def _strip_defaults(schema: dict[str, Any]) -> dict[str, Any]:
     """Status is written by controllers, never defaulted by the API server."""
     out = {k: v for k, v in schema.items() if k != "default"}
@@ -64,7 +81,7 @@ def _strip_defaults(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def spec_schema() -> dict[str, Any]:
-    return _bound(openapi_schema(JobSpec))
+    return _full_defaults(_bound(openapi_schema(JobSpec)))
 
 
 def status_schema() -> dict[str, Any]:

@@ -72,27 +72,29 @@ class Kube:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            resp = self.api.call_api(
-                url,
-                method,
+            params = self.api.param_serialize(
+                method=method,
+                resource_path=url,
                 query_params=query or [],
                 header_params={"Accept": "application/json", "Content-Type": content_type},
                 body=body,
                 auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-                _preload_content=False,
             )
+            resp = self.api.call_api(*params)
+            data = resp.read()
+            status = resp.status
         except ApiException as err:
-            if err.status == 409:
-                raise Conflict(f"{method} {url}: {_reason(err)}") from err
-            if err.status == 404:
-                raise LookupError(f"{method} {url}: not found") from err
-            delay = 1.0 if err.status == 429 else 5.0
-            raise Retry(f"{method} {url}: HTTP {err.status}: {_reason(err)}", delay) from err
+            status, data = err.status, (err.body or b"")
         except OSError as err:  # connection refused or reset: the API server is restarting
             raise Retry(f"{method} {url}: {err}") from err
-        data = resp.data
-        return json.loads(data) if data else None
+        if 200 <= status < 300:
+            return json.loads(data) if data else None
+        message = _message(data)
+        if status == 409:
+            raise Conflict(f"{method} {url}: {message}")
+        if status == 404:
+            raise LookupError(f"{method} {url}: not found")
+        raise Retry(f"{method} {url}: HTTP {status}: {message}", 1.0 if status == 429 else 5.0)
 
     # -- reads ------------------------------------------------------------------------------------
 
@@ -189,8 +191,8 @@ class Kube:
         self._call("POST", path("v1", "Event", meta["namespace"]), body=body)
 
 
-def _reason(err: Any) -> str:
+def _message(data: Any) -> str:
     try:
-        return str(json.loads(err.body).get("message"))
+        return str(json.loads(data).get("message"))
     except (TypeError, ValueError, AttributeError):
-        return str(err.reason)
+        return str(data)[:500]
