@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 
 import yaml  # noqa: E402
 from harness import Cluster, NodePool, assets_dir, use_existing_cluster, wait_for  # noqa: E402
+
 from rlhf_operator.testing import OperatorProcess  # noqa: E402
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}

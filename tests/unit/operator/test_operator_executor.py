@@ -1,0 +1,170 @@
+"""The executor against an in-memory API (no cluster): write order, optimistic concurrency, and a
+crash in the middle of creating a job's children."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from operator_helpers import at, job, merge_patch
+
+from rlhf_operator import kube
+from rlhf_operator.executor import Executor
+
+
+class Crash(Exception):
+    pass
+
+
+class FakeKube:
+    """Objects by (kind, name); pods get a uid; the job's resourceVersion moves on every write."""
+
+    def __init__(self, body: dict[str, Any], crash_after_creates: int | None = None) -> None:
+        self.job: dict[str, Any] | None = copy.deepcopy(body)
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.log: list[str] = []
+        self.crash_after = crash_after_creates
+        self.creates = 0
+        self.conflict_next_status = False
+
+    def _bump(self) -> None:
+        assert self.job is not None
+        self.job["metadata"]["resourceVersion"] = str(int(self.job["metadata"]["resourceVersion"]) + 1)
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.job)
+
+    def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return [copy.deepcopy(o) for (k, _), o in sorted(self.objects.items()) if k == "Pod"]
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        key = (obj["kind"], obj["metadata"]["name"])
+        if key in self.objects:
+            return False
+        if self.crash_after is not None and self.creates >= self.crash_after:
+            raise Crash("operator killed")
+        self.creates += 1
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["uid"] = f"uid-{self.creates}"
+        self.objects[key] = stored
+        self.log.append(f"create {obj['kind']} {obj['metadata']['name']}")
+        return True
+
+    def merge_patch(self, obj: dict[str, Any], patch: dict[str, Any]) -> None:
+        key = (obj["kind"], obj["metadata"]["name"])
+        self.objects[key] = merge_patch(self.objects[key], patch)
+        self.log.append(f"patch {obj['kind']} {obj['metadata']['name']}")
+
+    def delete(self, obj: dict[str, Any]) -> None:
+        if obj["kind"] == "RLTrainingJob":
+            self.job = None
+            return
+        key = (obj.get("kind", "Pod"), obj["metadata"]["name"])
+        if key in self.objects and self.objects[key]["metadata"]["uid"] == obj["metadata"].get("uid"):
+            del self.objects[key]
+            self.log.append(f"delete {key[0]} {key[1]}")
+
+    def patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        assert self.job is not None
+        if (
+            self.conflict_next_status
+            or body["metadata"]["resourceVersion"] != self.job["metadata"]["resourceVersion"]
+        ):
+            self.conflict_next_status = False
+            raise kube.Conflict("stale")
+        self.job["status"] = merge_patch(self.job.get("status") or {}, status)
+        self._bump()
+        self.log.append(f"status {status['phase']}")
+        return copy.deepcopy(self.job)
+
+    def event(self, body: dict[str, Any], type_: str, reason: str, message: str, now: str) -> None:
+        self.log.append(f"event {reason}")
+
+    def set_pods(self, phase: str) -> None:
+        for (k, _), o in self.objects.items():
+            if k == "Pod":
+                o.setdefault("spec", {})["nodeName"] = "n"
+                o["status"] = {"phase": phase}
+
+
+def run(ex: Executor, t: float = 0) -> Any:
+    return ex.reconcile("ns", "j", now=at(t))
+
+
+def test_first_pass_writes_status_before_creating_children() -> None:
+    fake = FakeKube(job())
+    run(Executor(fake))  # type: ignore[arg-type]
+    kinds = [entry for entry in fake.log]
+    assert kinds[:6] == [
+        "create ServiceAccount j",
+        "create Role j",
+        "create RoleBinding j",
+        "create Secret j-ray-token",
+        "create ConfigMap j-spec",
+        "create Service j",
+    ]
+    assert kinds[6] == "status Pending"
+    assert sum(1 for e in kinds if e.startswith("create Pod")) == 6
+
+
+def test_a_stale_status_write_does_nothing_else_and_asks_for_a_retry() -> None:
+    fake = FakeKube(job())
+    fake.conflict_next_status = True
+    out = run(Executor(fake))  # type: ignore[arg-type]
+    assert out.requeue_after == 0.0
+    assert not any(e.startswith("create Pod") for e in fake.log)
+
+
+@pytest.mark.parametrize("crash_after", [0, 3, 7, 9])
+def test_crash_mid_creation_then_a_new_operator_converges_without_duplicates(crash_after: int) -> None:
+    fake = FakeKube(job(), crash_after_creates=crash_after)
+    with pytest.raises(Crash):
+        run(Executor(fake))  # type: ignore[arg-type]
+    fake.crash_after = None
+    restarted = Executor(fake)  # type: ignore[arg-type]  (empty memory, like a new process)
+    run(restarted, 1)
+    run(restarted, 2)
+    names = sorted(n for k, n in fake.objects if k == "Pod")
+    assert names == ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0", "j-rollout-0", "j-rollout-1"]
+    assert len(fake.objects) == 12  # 6 static children + 6 pods, each once
+    assert fake.job is not None and fake.job["status"]["phase"] == "Scheduling"
+    assert fake.job["status"]["restarts"] == 0
+
+
+def test_secret_is_never_overwritten_and_config_map_follows_the_spec() -> None:
+    fake = FakeKube(job())
+    ex = Executor(fake)  # type: ignore[arg-type]
+    run(ex)
+    token = fake.objects[("Secret", "j-ray-token")]["stringData"]["token"]
+    assert fake.job is not None
+    fake.job["spec"]["roles"]["rollout"]["replicas"] = 3
+    run(Executor(fake), 1)  # type: ignore[arg-type]
+    assert fake.objects[("Secret", "j-ray-token")]["stringData"]["token"] == token
+    assert "replicas: 3" in fake.objects[("ConfigMap", "j-spec")]["data"]["job.yaml"]
+
+
+def test_steady_state_pass_makes_no_write() -> None:
+    fake = FakeKube(job())
+    ex = Executor(fake)  # type: ignore[arg-type]
+    run(ex)
+    fake.set_pods("Running")
+    run(ex, 1)
+    run(ex, 2)
+    assert fake.job is not None and fake.job["status"]["phase"] == "Running"
+    before = list(fake.log)
+    run(ex, 3)
+    assert fake.log == before
+
+
+def test_ttl_deletes_the_job() -> None:
+    fake = FakeKube(job(ttlSecondsAfterFinished=10))
+    ex = Executor(fake)  # type: ignore[arg-type]
+    run(ex)
+    fake.set_pods("Running")
+    run(ex, 1)
+    run(ex, 2)
+    fake.objects[("Pod", "j-controller")]["status"] = {"phase": "Succeeded"}
+    assert run(ex, 3).requeue_after == 10
+    assert run(ex, 14).gone
+    assert fake.job is None
