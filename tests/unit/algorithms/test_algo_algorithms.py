@@ -290,6 +290,15 @@ def test_algorithm_loss_over_ranks_and_micro_batches_equals_full_batch(name, mod
         algo.compute_loss({**{k: v[a:b] for k, v in per_sample.items()}, **norms})["loss"] for a, b in pieces
     )
     close(total, full.item())
+    # metrics describe each micro-batch alone: the global normalizers do not change them
+    micro = {k: v[0:3] for k, v in per_sample.items()}
+    plain, shared = algo.compute_loss(micro), algo.compute_loss({**micro, **norms})
+    assert {k: v for k, v in plain.items() if k != "loss"} == {k: v for k, v in shared.items() if k != "loss"}
+    if mode == "token-mean":  # so token-weighted averaging recovers the full-batch value
+        outs = [algo.compute_loss({k: v[a:b] for k, v in per_sample.items()}) for a, b in pieces]
+        tokens = [c[0] for c in counts]
+        averaged = sum(o["actor/pg_loss"] * n for o, n in zip(outs, tokens)) / sum(tokens)
+        close(averaged, algo.compute_loss(batch)["actor/pg_loss"])
     (g_full,) = torch.autograd.grad(full, batch["log_probs"])
     (g_sum,) = torch.autograd.grad(total, batch["log_probs"])
     close(g_sum, to_lists(g_full))

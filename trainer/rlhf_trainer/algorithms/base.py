@@ -50,7 +50,10 @@ depends on it (a missing one is a ValueError naming it and the keys present).
 | `global_tokens`, `global_seqs` | scalar | optional: valid tokens / non-empty sequences of the whole optimizer step over all micro-batches and ranks (see `aggregation`) |
 
 Returned losses are scalar tensors; metric values are Python floats under namespaced keys
-(`actor/...`, `critic/...`).
+(`actor/...`, `critic/...`). With `global_tokens` / `global_seqs` in the batch, `"loss"` is the
+micro-batch's *share* of the step's loss (sum it over micro-batches and ranks), while every
+metric describes the micro-batch alone (local normalizers), so the caller averages metrics,
+token-weighted, and sums only `"loss"`.
 
 `update_step` reads `actor/kl` (the KL to the reference, which `compute_loss` reports whenever
 `ref_log_probs` is present) when the algorithm adapts its KL coefficient, and

@@ -151,8 +151,8 @@ def kl_loss(
 ) -> tuple[Tensor, dict[str, float]]:
     """agg(KL_t) over the current log-probs (with grad); the caller multiplies by its coefficient.
 
-    Metrics: `actor/kl_loss` (the aggregated value) and `actor/kl` (token mean, what the KL
-    controllers are fed).
+    Metrics, over this call's tokens alone: `actor/kl_loss` (aggregated with local normalizers)
+    and `actor/kl` (token mean, what the KL controllers are fed).
     """
     kl = kl_estimate(log_probs, ref_log_probs, response_mask, kl_estimator, kl_clamp=kl_clamp)
     loss = aggregate(
@@ -163,8 +163,10 @@ def kl_loss(
         global_seqs=global_seqs,
         norm_length=norm_length,
     )
-    mean = masked_mean(kl.detach(), check_mask(response_mask))
-    return loss, {"actor/kl_loss": float(loss.detach().item()), "actor/kl": float(mean.item())}
+    mask = check_mask(response_mask)
+    local = aggregate(kl.detach(), mask, loss_agg_mode, norm_length=norm_length)  # this call alone
+    mean = masked_mean(kl.detach(), mask)
+    return loss, {"actor/kl_loss": float(local.item()), "actor/kl": float(mean.item())}
 
 
 @KL_CONTROLLERS.register("fixed")

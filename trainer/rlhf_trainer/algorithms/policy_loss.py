@@ -7,8 +7,10 @@ Every loss has the signature::
 
 Tensors are `(B, T)`; `log_probs` carries the gradient. `loss` is a scalar tensor (see
 `aggregation` for the modes and for the `global_*` normalizers that make micro-batch losses
-sum to the full-batch loss). `metrics` maps namespaced keys to Python floats computed over the
-valid tokens of this call: `actor/pg_loss`, `actor/pg_clipfrac` (share of tokens where the
+sum to the full-batch loss). `metrics` maps namespaced keys to Python floats that describe this
+call's tokens alone — they ignore the `global_*` normalizers, so averaging them over
+micro-batches (token-weighted) is meaningful: `actor/pg_loss` (the loss aggregated with local
+normalizers), `actor/pg_clipfrac` (share of tokens where the
 clipped branch is active), `actor/pg_clipfrac_lower` (share where the dual clip is active) and
 `actor/ppo_kl` (mean of old - new log-prob, the k1 estimate of KL(old || new)).
 
@@ -34,6 +36,11 @@ def _check(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, respons
         log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages, response_mask=response_mask
     )
     return response_mask
+
+
+def _local_value(loss_mat: Tensor, response_mask: Tensor, mode: str, norm_length: float | None) -> float:
+    """The loss of this call alone (local normalizers), for metrics."""
+    return float(aggregate(loss_mat.detach(), response_mask, mode, norm_length=norm_length).item())
 
 
 def _check_clip(clip_ratio_low: float, clip_ratio_high: float) -> None:
@@ -98,7 +105,7 @@ def ppo_clip_loss(
         norm_length=norm_length,
     )
     metrics = {
-        "actor/pg_loss": float(loss.detach().item()),
+        "actor/pg_loss": _local_value(loss_mat, response_mask, loss_agg_mode, norm_length),
         "actor/pg_clipfrac": float(clipfrac.item()),
         "actor/pg_clipfrac_lower": float(clipfrac_lower.item()),
         "actor/ppo_kl": float(masked_mean(-log_ratio.detach(), response_mask).item()),
@@ -154,7 +161,7 @@ def gspo_loss(
         norm_length=norm_length,
     )
     metrics = {
-        "actor/pg_loss": float(loss.detach().item()),
+        "actor/pg_loss": _local_value(loss_mat, response_mask, loss_agg_mode, norm_length),
         "actor/pg_clipfrac": float(
             masked_mean((clipped > unclipped).to(log_probs.dtype), response_mask).item()
         ),

@@ -11,7 +11,7 @@ the reference's:
 
 The loss is the sum over pairs divided by `global_pairs` (all pairs of the optimizer step,
 over micro-batches and ranks) when given, else by the local number of pairs — the same rule
-as `aggregation`. Metrics (`actor/` namespace): `dpo_loss`, `dpo_reward_acc` (share of pairs
+as `aggregation`. Metrics (`actor/` namespace), means over this call's pairs alone: `dpo_loss`, `dpo_reward_acc` (share of pairs
 whose implicit reward beta * (logp - ref_logp) ranks chosen above rejected), `dpo_chosen_reward`,
 `dpo_rejected_reward`, `dpo_margin`.
 """
@@ -36,12 +36,14 @@ def _reduce(losses: Tensor, global_pairs: float | Tensor | None) -> Tensor:
     return losses.sum() / max(float(global_pairs), 1.0)
 
 
-def _metrics(loss: Tensor, chosen_rewards: Tensor, rejected_rewards: Tensor) -> dict[str, float]:
+def _metrics(losses: Tensor, chosen_rewards: Tensor, rejected_rewards: Tensor) -> dict[str, float]:
+    """Means over this call's pairs (independent of `global_pairs`)."""
+
     def mean(x: Tensor) -> float:
-        return float(x.mean().item()) if x.numel() else 0.0
+        return float(x.detach().mean().item()) if x.numel() else 0.0
 
     return {
-        "actor/dpo_loss": float(loss.detach().item()),
+        "actor/dpo_loss": mean(losses),
         "actor/dpo_reward_acc": mean((chosen_rewards > rejected_rewards).to(chosen_rewards.dtype)),
         "actor/dpo_chosen_reward": mean(chosen_rewards),
         "actor/dpo_rejected_reward": mean(rejected_rewards),
@@ -90,7 +92,7 @@ def dpo_loss(
     loss = _reduce(losses, global_pairs)
     chosen_rewards = beta * (chosen_logps - ref_chosen_logps).detach()
     rejected_rewards = beta * (rejected_logps - ref_rejected_logps).detach()
-    return loss, _metrics(loss, chosen_rewards, rejected_rewards)
+    return loss, _metrics(losses, chosen_rewards, rejected_rewards)
 
 
 @PREFERENCE_LOSSES.register("ipo")
@@ -110,7 +112,7 @@ def ipo_loss(
     loss = _reduce(losses, global_pairs)
     chosen_rewards = beta * (chosen_logps - ref_chosen_logps).detach()
     rejected_rewards = beta * (rejected_logps - ref_rejected_logps).detach()
-    return loss, _metrics(loss, chosen_rewards, rejected_rewards)
+    return loss, _metrics(losses, chosen_rewards, rejected_rewards)
 
 
 def pair_up(seq_values: Tensor, chosen: Tensor, pair_index: Tensor) -> tuple[Tensor, Tensor]:

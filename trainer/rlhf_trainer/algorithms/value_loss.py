@@ -29,8 +29,9 @@ def clipped_value_loss(
     when the rollout was scored; returns: (B, T) targets (`gae`'s returns). Taking the max
     makes the update pessimistic: a prediction moved more than `clip_range_value` away from the
     old one gets no gradient towards the target (same as verl and OpenRLHF). None disables
-    clipping. Metrics: `critic/vf_loss`, `critic/vf_clipfrac` (share of valid tokens where the
-    clipped term is larger), `critic/vpred_mean`.
+    clipping. Metrics, over this call's tokens alone (the `global_*` normalizers do not enter
+    them): `critic/vf_loss`, `critic/vf_clipfrac` (share of valid tokens where the clipped term
+    is larger), `critic/vpred_mean`.
     """
     response_mask = check_mask(response_mask)
     check_same_shape(values=values, old_values=old_values, returns=returns, response_mask=response_mask)
@@ -54,7 +55,9 @@ def clipped_value_loss(
         norm_length=norm_length,
     )
     metrics = {
-        "critic/vf_loss": float(loss.detach().item()),
+        # of this call alone (local normalizers), so it can be averaged over micro-batches
+        "critic/vf_loss": 0.5
+        * float(aggregate(loss_mat.detach(), response_mask, loss_agg_mode, norm_length=norm_length)),
         "critic/vf_clipfrac": float(clipfrac.item()),
         "critic/vpred_mean": float(masked_mean(values.detach(), response_mask).item()),
     }
