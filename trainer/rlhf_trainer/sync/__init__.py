@@ -1,0 +1,44 @@
+"""Weight sync from the actor to the rollout fleet: bucketed broadcast (`buckets`), resharding to
+tensor-parallel inference layouts (`reshard`), the membership-generation process group with its
+failure path (`group`), and the prompt queue that survives fleet changes (`queue`).
+
+See docs/elastic-rollout.md for the protocol the controller and the operator follow.
+"""
+
+from .buckets import (
+    DEFAULT_BUCKET_BYTES,
+    SyncStats,
+    TensorMeta,
+    WeightReceiver,
+    bucketed_broadcast,
+    drain_full_tensors,
+    materialize,
+    receive_broadcast,
+    tensor_digest,
+)
+from .group import DroppedError, PushResult, SyncError, SyncGroup, connect_store
+from .queue import PromptQueue, QueueCounters
+from .reshard import ReshardPlan, ShardRule, ShardSpec, default_tp_rules
+
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "DroppedError",
+    "PromptQueue",
+    "PushResult",
+    "QueueCounters",
+    "ReshardPlan",
+    "ShardRule",
+    "ShardSpec",
+    "SyncError",
+    "SyncGroup",
+    "SyncStats",
+    "TensorMeta",
+    "WeightReceiver",
+    "bucketed_broadcast",
+    "connect_store",
+    "default_tp_rules",
+    "drain_full_tensors",
+    "materialize",
+    "receive_broadcast",
+    "tensor_digest",
+]

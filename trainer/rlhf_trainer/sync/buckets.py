@@ -1,0 +1,348 @@
+"""Bucketed broadcast of named tensors: the wire format of a weight sync.
+
+A sync is one *stream* from the source rank to every other rank of a process group:
+
+1. a header: the JSON list of `TensorMeta` (name, shape, dtype) plus the sender's `version`,
+   broadcast as a length (int64) and the bytes (uint8);
+2. the tensors' bytes, concatenated in header order and cut into buckets of exactly
+   `bucket_bytes` (the last one shorter). A tensor may straddle buckets, so the bucket size bounds
+   memory whatever the largest tensor is, and there is one broadcast per bucket, not per tensor.
+
+Both sides work on `uint8` views, so any dtype (bf16 included) travels bit-exactly over gloo.
+
+Memory on the sender: two bucket buffers (one being filled while the other is in flight, so the
+copy overlaps the network) plus the tensor being copied when it has to be materialized: a DTensor
+(FSDP2 shard) is gathered with `full_tensor()` only when the stream reaches it and dropped once
+copied, so the extra peak is `2 * bucket_bytes + largest parameter` — never the whole model. Every
+rank of the FSDP mesh has to take part in those gathers in the same order: the ranks that are not
+the sync source call `drain_full_tensors` on the same parameters meanwhile.
+
+`group` is anything with c10d's `broadcast(tensors, BroadcastOptions) -> Work` method: a
+`torch.distributed.ProcessGroup` (e.g. from `new_group`) or a backend constructed directly, such as
+the `ProcessGroupGloo` that `SyncGroup` builds per membership generation. `src` is the source's
+rank *within that group*.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_BUCKET_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """What a receiver needs to place one tensor of the stream."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # "bfloat16", "float32", ... (torch.<dtype>)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        dt = getattr(torch, self.dtype, None)
+        if not isinstance(dt, torch.dtype):
+            raise ValueError(f"tensor {self.name!r}: unknown dtype {self.dtype!r}")
+        return dt
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.torch_dtype.itemsize
+
+    @staticmethod
+    def of(name: str, t: torch.Tensor) -> TensorMeta:
+        return TensorMeta(name, tuple(int(s) for s in t.shape), str(t.dtype).removeprefix("torch."))
+
+
+@dataclass
+class SyncStats:
+    """What one stream moved, and the sender's peak extra memory (buffers + materialized tensors)."""
+
+    tensors: int = 0
+    bytes: int = 0
+    buckets: int = 0
+    seconds: float = 0.0
+    peak_extra_bytes: int = 0
+    version: int = 0
+    #: Largest tensor gathered or copied to be sent (0 when everything was sent in place).
+    largest_materialized_bytes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Group(Protocol):
+    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> Any: ...
+
+
+def _opts(src: int, timeout: float | None) -> dist.BroadcastOptions:
+    o = dist.BroadcastOptions()
+    o.rootRank = src
+    o.rootTensor = 0
+    if timeout is not None:
+        o.timeout = timedelta(seconds=timeout)
+    return o
+
+
+def _bcast(group: Group, t: torch.Tensor, src: int, timeout: float | None) -> Any:
+    return group.broadcast([t], _opts(src, timeout))
+
+
+def is_dtensor(t: object) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - old torch
+        return False
+    return isinstance(t, DTensor)
+
+
+def materialize(t: torch.Tensor) -> torch.Tensor:
+    """The full, local, contiguous value of `t` (a collective for a DTensor)."""
+    if is_dtensor(t):
+        t = t.full_tensor()  # type: ignore[attr-defined]
+    return t.detach().contiguous()
+
+
+def drain_full_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Take part in the per-parameter gathers of a sync on an FSDP rank that is not the source."""
+    for _, t in named_tensors:
+        if is_dtensor(t):
+            t.full_tensor()  # type: ignore[attr-defined]
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _send_header(
+    group: Group, src: int, metas: Sequence[TensorMeta], version: int, timeout: float | None
+) -> None:
+    payload = json.dumps(
+        {"version": version, "tensors": [[m.name, list(m.shape), m.dtype] for m in metas]}
+    ).encode()
+    _bcast(group, torch.tensor([len(payload)], dtype=torch.int64), src, timeout).wait()
+    _bcast(group, torch.frombuffer(bytearray(payload), dtype=torch.uint8), src, timeout).wait()
+
+
+def _recv_header(group: Group, src: int, timeout: float | None) -> tuple[list[TensorMeta], int]:
+    n = torch.zeros(1, dtype=torch.int64)
+    _bcast(group, n, src, timeout).wait()
+    buf = torch.empty(int(n.item()), dtype=torch.uint8)
+    _bcast(group, buf, src, timeout).wait()
+    d = json.loads(bytes(buf.numpy()).decode())
+    return [TensorMeta(name, tuple(shape), dt) for name, shape, dt in d["tensors"]], int(d["version"])
+
+
+def bucketed_broadcast(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    group: Group,
+    src: int,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    *,
+    version: int = 0,
+    timeout: float | None = None,
+    transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+    metas: Sequence[TensorMeta] | None = None,
+) -> SyncStats:
+    """Send `named_tensors` (tensors or DTensors, not yet gathered) from rank `src` of `group`.
+
+    Every other rank of the group calls `receive_broadcast` at the same time. `transform(name, t)`
+    maps each materialized tensor to what is sent (a TP shard, a dtype cast); then `metas` must
+    describe the transformed tensors, in order. Returns the stream's `SyncStats`.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    t0 = time.perf_counter()
+    items = list(named_tensors)
+    if metas is None:
+        if transform is not None:
+            raise ValueError("a transform changes shapes: pass the metas of the transformed tensors")
+        metas = [TensorMeta.of(n, t) for n, t in items]
+    if len(metas) != len(items):
+        raise ValueError(f"{len(metas)} metas for {len(items)} tensors")
+    _send_header(group, src, metas, version, timeout)
+
+    total = sum(m.nbytes for m in metas)
+    stats = SyncStats(tensors=len(items), bytes=total, version=version)
+    n_buckets = math.ceil(total / bucket_bytes) if total else 0
+    bufs = [torch.empty(min(bucket_bytes, total), dtype=torch.uint8) for _ in range(min(2, n_buckets))]
+    buffers_bytes = sum(b.numel() for b in bufs)
+    stats.peak_extra_bytes = buffers_bytes
+    pending: list[Any] = [None] * len(bufs)
+    which, pos, sent = 0, 0, 0  # current buffer, fill position in it, buckets sent
+
+    def flush(length: int) -> None:
+        nonlocal which, pos, sent
+        pending[which] = _bcast(group, bufs[which][:length], src, timeout)
+        sent += 1
+        which, pos = (which + 1) % len(bufs), 0
+        if pending[which] is not None:  # the other buffer's broadcast must finish before reuse
+            pending[which].wait()
+            pending[which] = None
+
+    for (name, t), meta in zip(items, metas):
+        full = materialize(t)
+        if transform is not None:
+            full = transform(name, full).contiguous()
+        if TensorMeta.of(meta.name, full) != meta:
+            raise ValueError(f"tensor {name!r} is {TensorMeta.of(name, full)}, header said {meta}")
+        in_place = not is_dtensor(t) and full.data_ptr() == t.data_ptr()
+        held = 0 if in_place else full.nbytes
+        stats.largest_materialized_bytes = max(stats.largest_materialized_bytes, held)
+        stats.peak_extra_bytes = max(stats.peak_extra_bytes, buffers_bytes + held)
+        data, off = _as_bytes(full), 0
+        while off < data.numel():
+            k = min(bufs[which].numel() - pos, data.numel() - off)
+            bufs[which][pos : pos + k].copy_(data[off : off + k])
+            pos, off = pos + k, off + k
+            remaining = total - sent * bucket_bytes
+            if pos == min(bucket_bytes, remaining):
+                flush(pos)
+        del full, data
+    for w in pending:
+        if w is not None:
+            w.wait()
+    assert sent == n_buckets, (sent, n_buckets)
+    stats.buckets = sent
+    stats.seconds = time.perf_counter() - t0
+    return stats
+
+
+class Sink(Protocol):
+    """Where received tensors go. `begin` returns a flat uint8 tensor of `meta.nbytes` to fill
+    (the destination's own bytes when possible); `end` is called once it is full."""
+
+    def begin(self, meta: TensorMeta) -> torch.Tensor: ...
+
+    def end(self, meta: TensorMeta, data: torch.Tensor) -> None: ...
+
+
+def receive_broadcast(
+    sink: Sink,
+    group: Group,
+    src: int,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    *,
+    timeout: float | None = None,
+    on_bucket: Callable[[int], None] | None = None,
+) -> SyncStats:
+    """The receiving side of `bucketed_broadcast` (same `bucket_bytes`). Two receive buffers are
+    posted ahead so the unpacking of one bucket overlaps the transfer of the next."""
+    t0 = time.perf_counter()
+    metas, version = _recv_header(group, src, timeout)
+    total = sum(m.nbytes for m in metas)
+    n_buckets = math.ceil(total / bucket_bytes) if total else 0
+    sizes = [min(bucket_bytes, total - i * bucket_bytes) for i in range(n_buckets)]
+    bufs = [torch.empty(min(bucket_bytes, total), dtype=torch.uint8) for _ in range(min(2, n_buckets))]
+    works: dict[int, Any] = {}
+    for i in range(len(bufs)):
+        works[i] = _bcast(group, bufs[i][: sizes[i]], src, timeout)
+
+    ti, toff = 0, 0  # tensor index, offset inside it
+    dst = sink.begin(metas[0]) if metas else None
+    for b in range(n_buckets):
+        works.pop(b).wait()
+        buf = bufs[b % len(bufs)][: sizes[b]]
+        pos = 0
+        while pos < sizes[b]:
+            assert dst is not None
+            while toff == metas[ti].nbytes:  # zero-size tensors
+                sink.end(metas[ti], dst)
+                ti, toff = ti + 1, 0
+                dst = sink.begin(metas[ti])
+            k = min(sizes[b] - pos, metas[ti].nbytes - toff)
+            dst[toff : toff + k].copy_(buf[pos : pos + k])
+            pos, toff = pos + k, toff + k
+            if toff == metas[ti].nbytes:
+                sink.end(metas[ti], dst)
+                ti, toff = ti + 1, 0
+                dst = sink.begin(metas[ti]) if ti < len(metas) else None
+        if on_bucket is not None:
+            on_bucket(b)
+        if b + len(bufs) < n_buckets:
+            nb = b + len(bufs)
+            works[nb] = _bcast(group, bufs[nb % len(bufs)][: sizes[nb]], src, timeout)
+    while ti < len(metas):  # trailing zero-size tensors
+        assert dst is not None
+        sink.end(metas[ti], dst)
+        ti += 1
+        dst = sink.begin(metas[ti]) if ti < len(metas) else None
+    return SyncStats(
+        tensors=len(metas), bytes=total, buckets=n_buckets, seconds=time.perf_counter() - t0, version=version
+    )
+
+
+class WeightReceiver:
+    """A `Sink` that writes into a model's parameters and buffers (by name), or, with no model,
+    collects the tensors in `tensors`; `targets` maps stream names to destination tensors directly
+    (for an engine whose names differ). Same dtype and contiguous destinations are written in place
+    with no extra copy; others go through a temporary and are cast (e.g. a bf16 stream into an fp32
+    model). `strict` rejects a name the model lacks; `version` is the sender's policy version of
+    the last completed stream (set by `SyncGroup.receive`)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module | None = None,
+        *,
+        targets: dict[str, torch.Tensor] | None = None,
+        strict: bool = True,
+    ):
+        self.targets = targets
+        if model is not None:
+            self.targets = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        self.strict = strict
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.received: list[str] = []
+        self.version: int | None = None
+
+    def begin(self, meta: TensorMeta) -> torch.Tensor:
+        if self.targets is None:
+            return torch.empty(meta.nbytes, dtype=torch.uint8)
+        target = self.targets.get(meta.name)
+        if target is None:
+            if self.strict:
+                raise KeyError(f"received tensor {meta.name!r} that the model does not have")
+            return torch.empty(meta.nbytes, dtype=torch.uint8)
+        if tuple(target.shape) != meta.shape:
+            raise ValueError(
+                f"tensor {meta.name!r}: model has shape {tuple(target.shape)}, stream {meta.shape}"
+            )
+        if target.dtype == meta.torch_dtype and target.is_contiguous() and target.device.type == "cpu":
+            return _as_bytes(target.data)
+        return torch.empty(meta.nbytes, dtype=torch.uint8)
+
+    def end(self, meta: TensorMeta, data: torch.Tensor) -> None:
+        self.received.append(meta.name)
+        value = data.view(meta.torch_dtype).reshape(meta.shape)
+        if self.targets is None:
+            self.tensors[meta.name] = value
+            return
+        target = self.targets.get(meta.name)
+        if target is None:
+            return
+        if value.data_ptr() != target.data_ptr():
+            with torch.no_grad():
+                target.copy_(value)
+
+
+def tensor_digest(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """A SHA-256 over names, dtypes, shapes and bytes (in name order): equal weights, equal digest."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in sorted(named_tensors, key=lambda nt: nt[0]):
+        full = materialize(t).cpu()
+        h.update(f"{name}|{full.dtype}|{tuple(full.shape)}|".encode())
+        h.update(_as_bytes(full).numpy().tobytes())
+    return h.hexdigest()
