@@ -143,7 +143,7 @@ def membership(rank: int, port: int, out: str) -> None:
             continue
         if me == "src":
             res = sg.push(weights(gen).items(), version=gen)
-            report[gen] = {
+            report[str(gen)] = {
                 "members": res.members,
                 "rebuild_s": sg.rebuild_seconds,
                 "digest": tensor_digest(weights(gen).items()),
