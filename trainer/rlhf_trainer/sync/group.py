@@ -97,7 +97,7 @@ class SyncGroup:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         hostname: str | None = None,
         max_attempts: int = 3,
-        poll_seconds: float = 0.02,
+        poll_seconds: float = 0.005,
     ):
         self.store = store
         self.me = me
