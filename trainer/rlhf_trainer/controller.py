@@ -397,6 +397,7 @@ def maybe_resume(r: Run, resume: bool) -> int:
     """Restore the latest complete checkpoint; returns the first step to run."""
     found = checkpoint.latest(r.checkpoint_dir) if resume else None
     if found is None:
+        truncate_log(r.ctx.run_dir / "metrics.jsonl", 0)  # a fresh start: no records of an older run
         return 0
     ctx = r.ctx
     ctx.actor.call("load", str(found))

@@ -114,12 +114,12 @@ def _run(
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rlhf_trainer.report import write_report
-
     run_dir = Path(args.run_dir)
     if not (run_dir / "metrics.jsonl").is_file():
         print(f"error: {run_dir} holds no metrics.jsonl (is it a run directory?)", file=sys.stderr)
         return 1
+    from rlhf_trainer.report import write_report
+
     print(write_report(run_dir))
     return 0
 

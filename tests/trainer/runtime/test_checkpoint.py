@@ -1,0 +1,68 @@
+"""Checkpoints: atomic directories, retention, latest-complete lookup, optimizer state round trip."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from rlhf_trainer import checkpoint
+from rlhf_trainer.workers.training import flatten_optimizer_state, unflatten_optimizer_state
+
+
+def _write(tmp: Path) -> None:
+    (tmp / "actor.safetensors").write_bytes(b"x")
+
+
+def test_save_keeps_the_newest_and_latest_ignores_incomplete(tmp_path):
+    for step in (2, 4, 6):
+        checkpoint.save(tmp_path, step, {"data": {"pos": step}}, _write, keep=2)
+    assert [s for s, _ in checkpoint.checkpoint_dirs(tmp_path)] == [4, 6]
+    # A run killed mid-write leaves a temp dir and perhaps a step dir without its state file.
+    (tmp_path / ".tmp-step-000008-abc").mkdir()
+    (tmp_path / "step-000010").mkdir()
+    assert checkpoint.latest(tmp_path) == tmp_path / "step-000006"
+    checkpoint.save(tmp_path, 8, {}, _write, keep=2)
+    assert not list(tmp_path.glob(".tmp-step-*"))
+
+
+def test_failed_write_leaves_no_checkpoint(tmp_path):
+    def boom(_: Path) -> None:
+        raise RuntimeError("disk full")
+
+    try:
+        checkpoint.save(tmp_path, 2, {}, boom, keep=1)
+    except RuntimeError:
+        pass
+    assert checkpoint.latest(tmp_path) is None
+    assert not list(tmp_path.iterdir())
+
+
+def test_controller_rng_state_round_trips(tmp_path):
+    random.seed(3)
+    torch.manual_seed(3)
+    path = checkpoint.save(tmp_path, 1, {"algorithm": {"kl_coef": 0.1}}, _write, keep=1)
+    expected = (random.random(), torch.rand(3))
+    random.seed(99)
+    torch.manual_seed(99)
+    state = checkpoint.load_state(path)
+    assert state["step"] == 1 and state["algorithm"] == {"kl_coef": 0.1}
+    assert random.random() == expected[0]
+    assert torch.equal(torch.rand(3), expected[1])
+
+
+def test_optimizer_state_flattens_and_restores():
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(model, opt)
+    tensors, meta = flatten_optimizer_state(state)
+    back = unflatten_optimizer_state(tensors, meta)
+    for name, entries in state["state"].items():
+        for key, value in entries.items():
+            torch.testing.assert_close(back["state"][name][key], value)
+    assert back["param_groups"][0]["betas"] == state["param_groups"][0]["betas"]
