@@ -63,7 +63,7 @@ def test_bucketed_broadcast_bit_exact(bucket: int) -> None:
     assert (
         tensor_digest(rx1.tensors.items()) == tensor_digest(rx2.tensors.items()) == tensor_digest(w.items())
     )
-    assert stats.peak_extra_bytes == min(2, stats.buckets) * min(bucket, total)  # nothing materialized
+    assert stats.peak_extra_bytes <= 2 * min(bucket, total)  # nothing materialized: buffers only
 
 
 def test_receiver_writes_model_in_place_and_casts() -> None:

@@ -10,8 +10,10 @@ A sync is one *stream* from the source rank to every other rank of a process gro
 
 Both sides work on `uint8` views, so any dtype (bf16 included) travels bit-exactly over gloo.
 
-Memory on the sender: two bucket buffers (one being filled while the other is in flight, so the
-copy overlaps the network) plus the tensor being copied when it has to be materialized: a DTensor
+At most two buckets are in flight. A bucket that lies entirely inside one tensor travels straight
+from (and, on a receiver whose parameter has the stream's dtype, into) that tensor's memory; only
+buckets that straddle tensor boundaries are assembled in a buffer. Memory on the sender: at most
+two bucket buffers plus the tensor being copied when it has to be materialized: a DTensor
 (FSDP2 shard) is gathered with `full_tensor()` only when the stream reaches it and dropped once
 copied, so the extra peak is `2 * bucket_bytes + largest parameter` — never the whole model. Every
 rank of the FSDP mesh has to take part in those gathers in the same order: the ranks that are not
@@ -25,9 +27,11 @@ rank *within that group*.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -160,6 +164,9 @@ def bucketed_broadcast(
     Every other rank of the group calls `receive_broadcast` at the same time. `transform(name, t)`
     maps each materialized tensor to what is sent (a TP shard, a dtype cast); then `metas` must
     describe the transformed tensors, in order. Returns the stream's `SyncStats`.
+
+    A bucket that lies inside one tensor the caller already holds contiguously is sent straight
+    from that tensor's memory (no copy); the others are assembled in one of two bucket buffers.
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
@@ -176,21 +183,35 @@ def bucketed_broadcast(
     total = sum(m.nbytes for m in metas)
     stats = SyncStats(tensors=len(items), bytes=total, version=version)
     n_buckets = math.ceil(total / bucket_bytes) if total else 0
-    bufs = [torch.empty(min(bucket_bytes, total), dtype=torch.uint8) for _ in range(min(2, n_buckets))]
-    buffers_bytes = sum(b.numel() for b in bufs)
-    stats.peak_extra_bytes = buffers_bytes
-    pending: list[Any] = [None] * len(bufs)
-    which, pos, sent = 0, 0, 0  # current buffer, fill position in it, buckets sent
+    buf_size = min(bucket_bytes, total)
+    free: list[torch.Tensor] = []
+    allocated, sent = 0, 0  # bucket buffers allocated, buckets posted
+    inflight: deque[tuple[Any, torch.Tensor | None, torch.Tensor]] = deque()  # (work, buffer, sent view)
 
-    def flush(length: int) -> None:
-        nonlocal which, pos, sent
-        pending[which] = _bcast(group, bufs[which][:length], src, timeout)
+    def retire_oldest() -> None:
+        work, buf, _ = inflight.popleft()
+        work.wait()
+        if buf is not None:
+            free.append(buf)
+
+    def acquire() -> torch.Tensor:
+        nonlocal allocated
+        if not free and allocated < 2:
+            free.append(torch.empty(buf_size, dtype=torch.uint8))
+            allocated += 1
+        while not free:
+            retire_oldest()
+        return free.pop()
+
+    def post(view: torch.Tensor, buf: torch.Tensor | None) -> None:
+        nonlocal sent
+        while len(inflight) >= 2:  # one bucket in flight beyond the one being sent
+            retire_oldest()
+        inflight.append((_bcast(group, view, src, timeout), buf, view))
         sent += 1
-        which, pos = (which + 1) % len(bufs), 0
-        if pending[which] is not None:  # the other buffer's broadcast must finish before reuse
-            pending[which].wait()
-            pending[which] = None
 
+    cur: torch.Tensor | None = None  # the buffer being filled
+    pos = 0  # its fill position
     for (name, t), meta in zip(items, metas):
         full = materialize(t)
         if transform is not None:
@@ -200,19 +221,25 @@ def bucketed_broadcast(
         in_place = not is_dtensor(t) and full.data_ptr() == t.data_ptr()
         held = 0 if in_place else full.nbytes
         stats.largest_materialized_bytes = max(stats.largest_materialized_bytes, held)
-        stats.peak_extra_bytes = max(stats.peak_extra_bytes, buffers_bytes + held)
         data, off = _as_bytes(full), 0
         while off < data.numel():
-            k = min(bufs[which].numel() - pos, data.numel() - off)
-            bufs[which][pos : pos + k].copy_(data[off : off + k])
+            need = min(bucket_bytes, total - sent * bucket_bytes)  # size of the bucket being built
+            if cur is None and in_place and data.numel() - off >= need:
+                post(data[off : off + need], None)  # zero-copy: the bucket is inside this tensor
+                off += need
+                continue
+            if cur is None:
+                cur = acquire()
+            k = min(need - pos, data.numel() - off)
+            cur[pos : pos + k].copy_(data[off : off + k])
             pos, off = pos + k, off + k
-            remaining = total - sent * bucket_bytes
-            if pos == min(bucket_bytes, remaining):
-                flush(pos)
+            if pos == need:
+                post(cur[:need], cur)
+                cur, pos = None, 0
+        stats.peak_extra_bytes = max(stats.peak_extra_bytes, allocated * buf_size + held)
         del full, data
-    for w in pending:
-        if w is not None:
-            w.wait()
+    while inflight:
+        retire_oldest()
     assert sent == n_buckets, (sent, n_buckets)
     stats.buckets = sent
     stats.seconds = time.perf_counter() - t0
@@ -221,7 +248,8 @@ def bucketed_broadcast(
 
 class Sink(Protocol):
     """Where received tensors go. `begin` returns a flat uint8 tensor of `meta.nbytes` to fill
-    (the destination's own bytes when possible); `end` is called once it is full."""
+    (the destination's own bytes when possible); `end` is called once it is full. `begin` is called
+    in stream order but may run a tensor or two ahead of the matching `end`."""
 
     def begin(self, meta: TensorMeta) -> torch.Tensor: ...
 
@@ -237,49 +265,88 @@ def receive_broadcast(
     timeout: float | None = None,
     on_bucket: Callable[[int], None] | None = None,
 ) -> SyncStats:
-    """The receiving side of `bucketed_broadcast` (same `bucket_bytes`). Two receive buffers are
-    posted ahead so the unpacking of one bucket overlaps the transfer of the next."""
+    """The receiving side of `bucketed_broadcast` (same `bucket_bytes`). Receives are posted two
+    buckets ahead; a bucket that lies inside one tensor is received straight into the sink's buffer
+    for it (the model's own parameter when dtypes match), the others into one of two bucket buffers
+    and scattered."""
     t0 = time.perf_counter()
     metas, version = _recv_header(group, src, timeout)
-    total = sum(m.nbytes for m in metas)
+    sizes = [m.nbytes for m in metas]
+    starts = [0]
+    for s in sizes:
+        starts.append(starts[-1] + s)
+    total = starts[-1]
     n_buckets = math.ceil(total / bucket_bytes) if total else 0
-    sizes = [min(bucket_bytes, total - i * bucket_bytes) for i in range(n_buckets)]
-    bufs = [torch.empty(min(bucket_bytes, total), dtype=torch.uint8) for _ in range(min(2, n_buckets))]
-    works: dict[int, Any] = {}
-    for i in range(len(bufs)):
-        works[i] = _bcast(group, bufs[i][: sizes[i]], src, timeout)
+    buf_size = min(bucket_bytes, total)
+    dsts: dict[int, torch.Tensor] = {}
+    begun, ended = 0, 0
+    free: list[torch.Tensor] = []
+    allocated = 0
 
-    ti, toff = 0, 0  # tensor index, offset inside it
-    dst = sink.begin(metas[0]) if metas else None
+    def dst(i: int) -> torch.Tensor:
+        nonlocal begun
+        while begun <= i:
+            d = sink.begin(metas[begun])
+            if d.dtype != torch.uint8 or d.numel() != sizes[begun]:
+                raise ValueError(
+                    f"sink gave {d.dtype} x {d.numel()} for {metas[begun]} ({sizes[begun]} bytes)"
+                )
+            dsts[begun] = d
+            begun += 1
+        return dsts[i]
+
+    def finish_upto(byte_pos: int) -> None:
+        nonlocal ended
+        while ended < len(metas) and starts[ended + 1] <= byte_pos:
+            d = dst(ended)
+            sink.end(metas[ended], d)
+            del dsts[ended]
+            ended += 1
+
+    def tensor_at(byte_pos: int) -> int:
+        # the last tensor starting at or before byte_pos: never a zero-size one (it would share
+        # its start with the next tensor, which bisect_right picks)
+        return bisect.bisect_right(starts, byte_pos, hi=len(metas)) - 1
+
+    def post(b: int) -> tuple[Any, torch.Tensor | None]:
+        nonlocal allocated
+        s, e = b * bucket_bytes, min(total, (b + 1) * bucket_bytes)
+        i = tensor_at(s)
+        if e <= starts[i + 1]:  # inside tensor i: receive in place
+            return _bcast(group, dst(i)[s - starts[i] : e - starts[i]], src, timeout), None
+        if not free:
+            free.append(torch.empty(buf_size, dtype=torch.uint8))
+            allocated += 1
+        buf = free.pop()
+        return _bcast(group, buf[: e - s], src, timeout), buf
+
+    works = {b: post(b) for b in range(min(2, n_buckets))}
+    finish_upto(0)
     for b in range(n_buckets):
-        works.pop(b).wait()
-        buf = bufs[b % len(bufs)][: sizes[b]]
-        pos = 0
-        while pos < sizes[b]:
-            assert dst is not None
-            while toff == metas[ti].nbytes:  # zero-size tensors
-                sink.end(metas[ti], dst)
-                ti, toff = ti + 1, 0
-                dst = sink.begin(metas[ti])
-            k = min(sizes[b] - pos, metas[ti].nbytes - toff)
-            dst[toff : toff + k].copy_(buf[pos : pos + k])
-            pos, toff = pos + k, toff + k
-            if toff == metas[ti].nbytes:
-                sink.end(metas[ti], dst)
-                ti, toff = ti + 1, 0
-                dst = sink.begin(metas[ti]) if ti < len(metas) else None
+        work, buf = works.pop(b)
+        work.wait()
+        s, e = b * bucket_bytes, min(total, (b + 1) * bucket_bytes)
+        if buf is not None:  # scatter the bucket into the tensors it overlaps
+            i = tensor_at(s)
+            while i < len(metas) and starts[i] < e:
+                lo, hi = max(s, starts[i]), min(e, starts[i + 1])
+                if hi > lo:
+                    dst(i)[lo - starts[i] : hi - starts[i]].copy_(buf[lo - s : hi - s])
+                i += 1
+            free.append(buf)
+        finish_upto(e)
         if on_bucket is not None:
             on_bucket(b)
-        if b + len(bufs) < n_buckets:
-            nb = b + len(bufs)
-            works[nb] = _bcast(group, bufs[nb % len(bufs)][: sizes[nb]], src, timeout)
-    while ti < len(metas):  # trailing zero-size tensors
-        assert dst is not None
-        sink.end(metas[ti], dst)
-        ti += 1
-        dst = sink.begin(metas[ti]) if ti < len(metas) else None
+        if b + 2 < n_buckets:
+            works[b + 2] = post(b + 2)
+    finish_upto(total)
     return SyncStats(
-        tensors=len(metas), bytes=total, buckets=n_buckets, seconds=time.perf_counter() - t0, version=version
+        tensors=len(metas),
+        bytes=total,
+        buckets=n_buckets,
+        seconds=time.perf_counter() - t0,
+        version=version,
+        peak_extra_bytes=allocated * buf_size,
     )
 
 
