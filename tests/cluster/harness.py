@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -232,6 +233,7 @@ class Identity:
 
     def __init__(self, kubeconfig: Path | str) -> None:
         self.kubeconfig = Path(kubeconfig)
+        self._shared_client: Any = None
 
     def api_client(self, pool_size: int = 32):
         """A kubernetes.client.ApiClient authenticated by this kubeconfig."""
@@ -243,6 +245,45 @@ class Identity:
         )
         configuration.connection_pool_maxsize = pool_size
         return kubernetes.client.ApiClient(configuration)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: dict[str, str] | None = None,
+        content_type: str = "application/json",
+        raw: bool = False,
+    ) -> Any:
+        """A raw API call (`"GET", "/api/v1/nodes"`) returning the decoded JSON (the text if raw): fast
+        for thousands of objects (no model classes) and the same across kubernetes client versions.
+        Raises kubernetes.client.ApiException with .status and .body for an error status."""
+        import kubernetes
+
+        client = self._client()
+        cfg = client.configuration
+        url = cfg.host + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        # The kubeconfig loader stores "Bearer <token>" under one of these keys, by client version.
+        token = cfg.api_key.get("BearerToken") or cfg.api_key.get("authorization")
+        if token:
+            headers["Authorization"] = token
+        resp = client.rest_client.request(method, url, headers=headers, body=body)
+        data = resp.data if getattr(resp, "data", None) is not None else resp.read()
+        text = data.decode(errors="replace") if isinstance(data, bytes) else data
+        if resp.status >= 400:
+            exc = kubernetes.client.ApiException(status=resp.status, reason=resp.reason)
+            exc.body = text
+            raise exc
+        if raw:
+            return text
+        return json.loads(text) if text else None
+
+    def _client(self):
+        if self._shared_client is None:
+            self._shared_client = self.api_client()
+        return self._shared_client
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120) -> str:
         """Runs kubectl with this kubeconfig; returns stdout, raises ClusterError when it fails and check."""
@@ -286,7 +327,6 @@ class Cluster(Identity):
         self.owned = owned
         self.start_seconds: float | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
-        self._admin = None
         self._stopped = False
         self._lock = threading.Lock()
 
@@ -301,13 +341,14 @@ class Cluster(Identity):
         workdir: Path | str | None = None,
         timeout: float = 120,
         detach: bool = False,
+        options: dict[str, Any] | None = None,
     ) -> Cluster:
         """Starts a fresh cluster on loopback and its node pools; ready when it returns.
 
         workdir: where kwokctl keeps the cluster (certificates, etcd data, logs); a new temporary
         directory by default, removed by stop(). detach: let the cluster outlive this process
         (tests/cluster/up); by default it is torn down at exit, on SIGTERM/SIGHUP, and by a
-        watchdog if this process dies some other way.
+        watchdog if this process dies some other way. options: see kwokctl_config.
         """
         assets = require_binaries()
         reap_stale_clusters()
@@ -324,7 +365,7 @@ class Cluster(Identity):
             if not detach:
                 cluster._start_watchdog()
                 cluster._register_teardown()
-            cluster._create(assets, timeout)
+            cluster._create(assets, timeout, options)
             cluster.wait_ready(timeout)
             if pools is not None:
                 cluster.create_pools(load_pools(pools) if isinstance(pools, (str, Path)) else pools)
@@ -352,10 +393,10 @@ class Cluster(Identity):
         assert self.workdir is not None
         return {**os.environ, "KWOK_WORKDIR": str(self.workdir / "kwok")}
 
-    def _create(self, assets: Path, timeout: float) -> None:
+    def _create(self, assets: Path, timeout: float, options: dict[str, Any] | None = None) -> None:
         assert self.workdir is not None and self.name is not None
         config = self.workdir / "kwokctl.yaml"
-        config.write_text(kwokctl_config(assets))
+        config.write_text(kwokctl_config(assets, options))
         cmd = [
             str(assets / "kwokctl"),
             f"--name={self.name}",
@@ -378,12 +419,10 @@ class Cluster(Identity):
         """Waits for /readyz, and for the controller-manager to have made the default ServiceAccount."""
         import kubernetes
 
-        client = self.admin()
-        core = kubernetes.client.CoreV1Api(client)
+        core = kubernetes.client.CoreV1Api(self.admin())
 
         def ready() -> bool:
-            body = client.call_api("/readyz", "GET", auth_settings=["BearerToken"], _preload_content=False)
-            if body[0].data != b"ok":
+            if self.request("GET", "/readyz", raw=True).strip() != "ok":
                 return False
             core.read_namespaced_service_account("default", "default")
             return True
@@ -401,9 +440,9 @@ class Cluster(Identity):
             if self._stopped:
                 return
             self._stopped = True
-        if self._admin is not None:
+        if self._shared_client is not None:
             with contextlib.suppress(Exception):
-                self._admin.close()
+                self._shared_client.close()
         if self.owned and self.workdir is not None and self.name is not None:
             destroy(self.workdir, self.name)
         if self._watchdog is not None:
@@ -465,7 +504,11 @@ class Cluster(Identity):
         for doc in yaml.safe_load_all(saved.read_text()):
             if doc and doc.get("kind") == "KwokctlConfiguration":
                 options = doc.get("options") or {}
-                return {k: int(v) for k, v in options.items() if k.endswith("Port") and v}
+                return {
+                    k: v
+                    for k, v in options.items()
+                    if k.endswith("Port") and isinstance(v, int) and not isinstance(v, bool) and v
+                }
         return {}
 
     def pids(self) -> list[int]:
@@ -485,9 +528,7 @@ class Cluster(Identity):
 
     def admin(self):
         """One shared admin ApiClient (api_client() makes a new one each call)."""
-        if self._admin is None:
-            self._admin = self.api_client()
-        return self._admin
+        return self._client()
 
     def as_service_account(
         self, namespace: str, name: str, *, expiration_seconds: int = 3600, create: bool = False
@@ -562,19 +603,10 @@ class Cluster(Identity):
                 raise ValueError(f"create_pool({pool!r}) needs nodes=")
             pool = NodePool(name=pool, nodes=nodes, gpus=gpus, **spec)
         names = pool.node_names(first_index)
-        client = self.admin()
 
         def create(node_name: str) -> None:
-            body = node_manifest(pool, node_name)
             try:
-                client.call_api(
-                    "/api/v1/nodes",
-                    "POST",
-                    body=body,
-                    header_params={"Content-Type": "application/json", "Accept": "application/json"},
-                    auth_settings=["BearerToken"],
-                    _preload_content=False,
-                )
+                self.request("POST", "/api/v1/nodes", node_manifest(pool, node_name))
             except Exception as exc:
                 if getattr(exc, "status", None) != 409:
                     raise
@@ -587,16 +619,8 @@ class Cluster(Identity):
 
     def nodes(self, label_selector: str = "") -> list[dict[str, Any]]:
         """Nodes as plain dicts (fast for thousands: no model objects)."""
-        query = [("labelSelector", label_selector)] if label_selector else []
-        resp = self.admin().call_api(
-            "/api/v1/nodes",
-            "GET",
-            query_params=query,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-        )
-        return json.loads(resp[0].data)["items"]
+        query = {"labelSelector": label_selector} if label_selector else None
+        return self.request("GET", "/api/v1/nodes", query=query)["items"]
 
     def wait_nodes_ready(self, names: Iterable[str], *, timeout: float = 120, ready: bool = True) -> None:
         want = set(names)
@@ -676,9 +700,10 @@ class Cluster(Identity):
         return wait_for(check, timeout=timeout, what=f"pod {namespace}/{name} to be {phase}")
 
 
-def kwokctl_config(assets: Path) -> str:
+def kwokctl_config(assets: Path, options: dict[str, Any] | None = None) -> str:
     """kwokctl's configuration: every binary local (nothing is downloaded), everything on loopback,
-    RBAC and admission on, and the project's kwok Stages instead of kwok's defaults."""
+    RBAC and admission on, and the project's kwok Stages instead of kwok's defaults. `options`
+    override or add KwokctlConfiguration options (e.g. {"heartbeatFactor": 5})."""
     versions = pinned_versions()
     options = {
         "runtime": "binary",
@@ -688,17 +713,28 @@ def kwokctl_config(assets: Path) -> str:
         "kubeAuthorization": True,
         "kubeAdmission": True,
         "quietPull": True,
-        "nodeLeaseDurationSeconds": 40,
+        # kwokctl stretches every heartbeat period 5x by default (node leases of 200 s, a node
+        # monitor period of 25 s); 1 keeps the kubelet's and controller-manager's own defaults,
+        # so a NotReady node is noticed within seconds, as on a real cluster.
+        "heartbeatFactor": 1,
         "etcdBinary": str(assets / "etcd"),
         "kubeApiserverBinary": str(assets / "kube-apiserver"),
         "kubeControllerManagerBinary": str(assets / "kube-controller-manager"),
         "kubeSchedulerBinary": str(assets / "kube-scheduler"),
         "kwokControllerBinary": str(assets / "kwok"),
         "kubectlBinary": str(assets / "kubectl"),
+        **(options or {}),
     }
-    docs: list[Any] = [
-        {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokctlConfiguration", "options": options}
-    ]
+    kwokctl = {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokctlConfiguration",
+        "options": options,
+        # kwok hands out pod IPs from --cidr; its default, a /24, runs out at 254 pods.
+        "componentsPatches": [
+            {"name": "kwok-controller", "extraArgs": [{"key": "cidr", "value": "10.0.0.1/16"}]}
+        ],
+    }
+    docs: list[Any] = [kwokctl]
     for stage_file in sorted(STAGES_DIR.glob("*.yaml")):
         docs += [d for d in yaml.safe_load_all(stage_file.read_text()) if d]
     return yaml.safe_dump_all(docs, sort_keys=False)
@@ -740,7 +776,8 @@ def destroy(workdir: Path, name: str) -> None:
     if os.access(binary, os.X_OK) and (workdir / "kwok" / "clusters" / name).exists():
         with contextlib.suppress(Exception):
             subprocess.run(
-                [binary, f"--name={name}", "delete", "cluster"],
+                # --kubeconfig: kwokctl would otherwise edit ~/.kube/config.
+                [binary, f"--name={name}", "delete", "cluster", f"--kubeconfig={workdir / 'kubeconfig'}"],
                 env={**os.environ, "KWOK_WORKDIR": str(workdir / "kwok")},
                 capture_output=True,
                 timeout=60,

@@ -126,9 +126,7 @@ def test_gpu_pools_are_ready_with_capacity(cluster: Cluster):
             ]
             for taint in pool.taints:
                 assert taint in taints
-    version = core(cluster).api_client.call_api(
-        "/version", "GET", auth_settings=["BearerToken"], response_type="object", _return_http_data_only=True
-    )
+    version = cluster.request("GET", "/version")
     if not use_existing_cluster():
         assert version["gitVersion"] == pinned_versions()["kubernetes"]
 
