@@ -20,11 +20,13 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         started = Cluster.existing() if use_existing_cluster() else Cluster.start()
     except ClusterError as exc:
         pytest.fail(str(exc), pytrace=False)
-    if reporter is not None and started.start_seconds is not None:
-        reporter.write_line(
-            f"cluster {started.name}: ready with its node pools in {started.start_seconds:.1f} s "
-            f"(kubeconfig {started.kubeconfig})"
-        )
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None and started.start_seconds is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(
+                f"\ncluster {started.name}: ready with its node pools in {started.start_seconds:.1f} s "
+                f"(kubeconfig {started.kubeconfig})"
+            )
     try:
         yield started
     finally:

@@ -31,7 +31,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -328,6 +328,7 @@ class Cluster(Identity):
         self.start_seconds: float | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._stopped = False
+        self._scratch_dir: Path | None = None
         self._lock = threading.Lock()
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -365,10 +366,17 @@ class Cluster(Identity):
             if not detach:
                 cluster._start_watchdog()
                 cluster._register_teardown()
-            cluster._create(assets, timeout, options)
-            cluster.wait_ready(timeout)
+            # kwokctl picks ports by probing for free ones; starting one cluster at a time on this
+            # machine, until its components listen, keeps two test runs from picking the same.
+            with _start_lock():
+                cluster._create(assets, timeout, options)
+                cluster.wait_ready(timeout)
             if pools is not None:
                 cluster.create_pools(load_pools(pools) if isinstance(pools, (str, Path)) else pools)
+        except ClusterError as exc:
+            logs = cluster.tail_logs()  # before stop() removes them
+            cluster.stop()
+            raise ClusterError(f"{exc}\ncomponent logs (last lines):\n{logs}") from exc
         except BaseException:
             cluster.stop()
             raise
@@ -411,8 +419,7 @@ class Cluster(Identity):
         res = subprocess.run(cmd, env=self._env(), capture_output=True, text=True, timeout=timeout + 30)
         if res.returncode != 0:
             raise ClusterError(
-                f"kwokctl create cluster failed ({res.returncode}):\n{res.stdout}\n{res.stderr}\n"
-                f"component logs: {self.logs_dir()}\n{self.tail_logs()}"
+                f"kwokctl create cluster failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
             )
 
     def wait_ready(self, timeout: float = 60) -> None:
@@ -443,6 +450,8 @@ class Cluster(Identity):
         if self._shared_client is not None:
             with contextlib.suppress(Exception):
                 self._shared_client.close()
+        if self._scratch_dir is not None:
+            shutil.rmtree(self._scratch_dir, ignore_errors=True)
         if self.owned and self.workdir is not None and self.name is not None:
             destroy(self.workdir, self.name)
         if self._watchdog is not None:
@@ -490,6 +499,14 @@ class Cluster(Identity):
             signal.signal(sig, handler)
 
     # ---- paths and diagnostics -------------------------------------------------------------------
+
+    def _scratch(self) -> Path:
+        """The cluster's directory, or for an existing cluster a temporary one that stop() removes."""
+        if self.workdir is not None:
+            return self.workdir
+        if self._scratch_dir is None:
+            self._scratch_dir = Path(tempfile.mkdtemp(prefix="rlhf-kubeconfigs-"))
+        return self._scratch_dir
 
     def cluster_dir(self) -> Path:
         assert self.workdir is not None and self.name is not None
@@ -563,8 +580,7 @@ class Cluster(Identity):
             "contexts": [{"name": user, "context": {"cluster": cluster["name"], "user": user}}],
             "current-context": user,
         }
-        directory = self.workdir or Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX + "sa-"))
-        path = directory / f"sa-{namespace}-{name}.kubeconfig"
+        path = self._scratch() / f"sa-{namespace}-{name}.kubeconfig"
         path.write_text(yaml.safe_dump(config))
         path.chmod(0o600)
         return Identity(path)
@@ -742,6 +758,19 @@ def kwokctl_config(assets: Path, options: dict[str, Any] | None = None) -> str:
 
 # --------------------------------------------------------------------------------------------------
 # Teardown, also of what an interrupted run left behind
+
+
+@contextlib.contextmanager
+def _start_lock() -> Iterator[None]:
+    import fcntl
+
+    path = Path(tempfile.gettempdir()) / "rlhf-cluster.start-lock"
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _pid_alive(pid: int) -> bool:
