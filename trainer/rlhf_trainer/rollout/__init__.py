@@ -1,0 +1,90 @@
+"""Rollout engines: turn prompt token ids into sampled responses (`RolloutBatch`).
+
+Engines are registered by name in `ENGINES` (`hf`: transformers on CPU or GPU; `vllm`: GPU only)
+and built only through `build_engine`, which imports the chosen engine lazily (vLLM is never
+imported unless asked for). Every engine offers the `RolloutEngine` protocol.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from rlhf_trainer.rollout.batch import RolloutBatch, decode_responses
+from rlhf_trainer.rollout.sampling import sample_tokens, sampling_log_probs
+
+__all__ = [
+    "ENGINES",
+    "RolloutBatch",
+    "RolloutEngine",
+    "build_engine",
+    "decode_responses",
+    "sample_tokens",
+    "sampling_log_probs",
+]
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the controller and the rollout workers rely on."""
+
+    def generate(self, prompt_ids: list[list[int]], n: int = 1) -> RolloutBatch: ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int: ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+
+    def set_seed(self, seed: int) -> None: ...
+
+
+#: engine name -> "module:Class" (imported on use). Each class has a `from_pretrained` classmethod.
+ENGINES: dict[str, str] = {
+    "hf": "rlhf_trainer.rollout.hf:HFRolloutEngine",
+    "vllm": "rlhf_trainer.rollout.vllm:VLLMRolloutEngine",
+}
+
+
+def engine_class(name: str) -> Any:
+    """The engine class registered as `name`; an unknown name lists the valid ones."""
+    if name not in ENGINES:
+        raise ValueError(f"unknown rollout engine {name!r}; valid: {', '.join(sorted(ENGINES))}")
+    module, attr = ENGINES[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def build_engine(
+    rollout_spec: Any,
+    model_path: str,
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+    *,
+    seed: int = 0,
+    tokenizer_path: str | None = None,
+) -> RolloutEngine:
+    """An engine for `rollout_spec` (a `spec.RolloutSpec`) loading the model at `model_path`."""
+    cls = engine_class(rollout_spec.engine)
+    engine: RolloutEngine = cls.from_pretrained(
+        model_path,
+        tokenizer_path=tokenizer_path,
+        dtype=dtype,
+        device=device,
+        max_new_tokens=rollout_spec.max_new_tokens,
+        temperature=rollout_spec.temperature,
+        top_p=rollout_spec.top_p,
+        top_k=rollout_spec.top_k,
+        seed=seed,
+        **_engine_extras(rollout_spec),
+    )
+    return engine
+
+
+def _engine_extras(rollout_spec: Any) -> dict[str, Any]:
+    if rollout_spec.engine == "vllm":
+        return {
+            "tensor_parallel_size": rollout_spec.tensor_parallel_size,
+            "gpu_memory_utilization": rollout_spec.gpu_memory_utilization,
+        }
+    return {}

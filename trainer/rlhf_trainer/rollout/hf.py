@@ -1,0 +1,228 @@
+"""`hf` rollout engine: batched sampling from a transformers causal LM, on CPU or GPU.
+
+A manual decoding loop over the model's KV cache: the left-padded prompts go through one
+forward pass, then one token per step for every row until each row has produced EOS or
+`max_new_tokens` tokens. Positions are counted from each row's first real token, so a prompt
+gives the same tokens and log-probs alone or left-padded inside a batch.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from rlhf_trainer.rollout.batch import RolloutBatch
+from rlhf_trainer.rollout.sampling import sample_tokens
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; valid: {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Every id that ends a response: the tokenizer's EOS and the model's generation-config EOS ids."""
+    ids: set[int] = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None)
+    cfg_eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if cfg_eos is None:
+        cfg_eos = getattr(model.config, "eos_token_id", None)
+    if isinstance(cfg_eos, int):
+        ids.add(cfg_eos)
+    elif cfg_eos:
+        ids.update(int(i) for i in cfg_eos)
+    if not ids:
+        raise ValueError(
+            "the tokenizer and the model config define no EOS token; the engine cannot stop rows"
+        )
+    return ids
+
+
+def _cache_of(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+class HFRolloutEngine:
+    """Sampling with KV cache from a `transformers` causal LM.
+
+    The model may be shared with a training worker (colocated placement): the engine never
+    changes `requires_grad`, and restores the model's train/eval mode after each call.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int = 0,
+    ):
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.top_k = top_k
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_token_id = int(pad if pad is not None else min(self.eos_ids))
+        self.device = next(model.parameters()).device
+        self.generator = torch.Generator(device=self.device)
+        self.set_seed(seed)
+        self.weights_version = 0
+        # transformers 5 renamed `past_key_values` to `cache` and `num_logits_to_keep` to
+        # `logits_to_keep`; use whichever this model's forward accepts.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        keep = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+        self._keep_last: dict[str, int] = {keep: 1} if keep else {}
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_path: str,
+        *,
+        tokenizer_path: str | None = None,
+        dtype: str | torch.dtype = "float32",
+        device: str | torch.device = "cpu",
+        **kwargs: Any,
+    ) -> HFRolloutEngine:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype)).to(device)
+        model.eval()
+        return cls(model, tokenizer, **kwargs)
+
+    def set_seed(self, seed: int) -> None:
+        """Reseed the sampling generator: the same seed, weights and prompts give the same batch."""
+        self.generator.manual_seed(int(seed))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy new weights in place (names as in `model.state_dict()`); returns how many were loaded.
+
+        Missing names keep their values (a partial update is allowed); an unknown name is an error.
+        """
+        own = self.model.state_dict()
+        loaded = 0
+        for name, tensor in named_tensors:
+            if name not in own:
+                raise KeyError(
+                    f"load_weights: {name!r} is not a parameter of the rollout model (e.g. {next(iter(own))!r})"
+                )
+            if own[name].shape != tensor.shape:
+                raise ValueError(
+                    f"load_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model expects {tuple(own[name].shape)}"
+                )
+            own[name].copy_(tensor.to(own[name].device, own[name].dtype))
+            loaded += 1
+        self.weights_version += 1
+        return loaded
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], n: int = 1) -> RolloutBatch:
+        """Sample `n` responses per prompt (rows of one prompt adjacent). See `RolloutBatch`."""
+        if not prompt_ids:
+            raise ValueError("generate: no prompts given")
+        for i, p in enumerate(prompt_ids):
+            if len(p) == 0:
+                raise ValueError(f"generate: prompt {i} is empty (a prompt needs at least one token)")
+        rows = [list(p) for p in prompt_ids for _ in range(n)]
+        index = [i for i in range(len(prompt_ids)) for _ in range(n)]
+        b, p_len = len(rows), max(len(r) for r in rows)
+        dev = self.device
+        prompt = torch.full((b, p_len), self.pad_token_id, dtype=torch.long)
+        prompt_mask = torch.zeros((b, p_len), dtype=torch.long)
+        for r, ids in enumerate(rows):
+            prompt[r, p_len - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            prompt_mask[r, p_len - len(ids) :] = 1
+        prompt, prompt_mask = prompt.to(dev), prompt_mask.to(dev)
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            tokens, logps, alive_mask, finished = self._decode(prompt, prompt_mask)
+        finally:
+            self.model.train(was_training)
+        return RolloutBatch(
+            prompt_ids=prompt.cpu(),
+            prompt_mask=prompt_mask.cpu(),
+            response_ids=tokens.cpu(),
+            response_mask=alive_mask.cpu(),
+            log_probs=logps.cpu(),
+            prompt_index=index,
+            pad_token_id=self.pad_token_id,
+            finished=finished.cpu(),
+        )
+
+    def _decode(
+        self, prompt: torch.Tensor, prompt_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        b = prompt.shape[0]
+        dev = prompt.device
+        eos = torch.tensor(sorted(self.eos_ids), device=dev)
+        attention = prompt_mask
+        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): 0 at each row's first real token
+        out = self.model(
+            input_ids=prompt,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            **self._keep_last,
+        )
+        cache = _cache_of(out)
+        logits = out.logits[:, -1, :]  # (B, V)
+        next_pos = positions[:, -1:] + 1  # (B, 1)
+        finished = torch.zeros(b, dtype=torch.bool, device=dev)
+        toks, lps, alive = [], [], []
+        for step in range(self.max_new_tokens):
+            tok, lp = sample_tokens(logits, self.temperature, self.top_k, self.top_p, self.generator)
+            tok = tok.masked_fill(finished, self.pad_token_id)
+            lp = lp.masked_fill(finished, 0.0)
+            toks.append(tok)
+            lps.append(lp)
+            alive.append((~finished).float())
+            finished = finished | torch.isin(tok, eos)
+            if bool(finished.all()) or step == self.max_new_tokens - 1:
+                break
+            attention = torch.cat([attention, torch.ones((b, 1), dtype=attention.dtype, device=dev)], dim=1)
+            out = self.model(
+                input_ids=tok[:, None],
+                attention_mask=attention,
+                position_ids=next_pos,
+                use_cache=True,
+                **{self._cache_kwarg: cache},
+            )
+            cache = _cache_of(out)
+            logits = out.logits[:, -1, :]
+            next_pos = next_pos + 1
+        return (
+            torch.stack(toks, dim=1),  # (B, T)
+            torch.stack(lps, dim=1),  # (B, T)
+            torch.stack(alive, dim=1),  # (B, T)
+            finished,
+        )
