@@ -17,7 +17,7 @@ import sync_procs
 import torch
 import torch.multiprocessing as mp
 
-from rlhf_trainer.sync import ReshardPlan, default_tp_rules
+from rlhf_trainer.sync import ReshardPlan, default_tp_rules, plan_messages
 
 
 def _free_port() -> int:
@@ -65,11 +65,12 @@ def test_bucket_boundaries_and_tp_channels(tmp_path: Path) -> None:
     # whole stream: the collecting receiver hashes equal, the fp32 module got every value cast.
     assert r1["digests"] == src["digests"]
     assert r2["digests"] == [True] * 4
-    totals = [
-        sum(t.numel() * t.element_size() for t in sync_procs.weights(0, big).values())
+    sizes = [
+        [t.numel() * t.element_size() for t in sync_procs.weights(0, big).values()]
         for _, big in sync_procs.BUCKET_CASES
     ]
-    assert src["buckets"] == [-(-total // b) for total, (b, _) in zip(totals, sync_procs.BUCKET_CASES)]
+    totals = [sum(s) for s in sizes]
+    assert src["buckets"] == [len(plan_messages(s, b)) for s, (b, _) in zip(sizes, sync_procs.BUCKET_CASES)]
     assert src["peak"] == totals[-1]  # a bucket larger than the stream: one buffer of the stream's size
     assert r1["version"] == 3
     # TP: each engine rank received only its slices; together they rebuild every tensor.

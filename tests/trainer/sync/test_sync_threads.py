@@ -19,6 +19,7 @@ from rlhf_trainer.sync import (
     WeightReceiver,
     bucketed_broadcast,
     default_tp_rules,
+    plan_messages,
     receive_broadcast,
     tensor_digest,
 )
@@ -57,13 +58,29 @@ def test_bucketed_broadcast_bit_exact(bucket: int) -> None:
         lambda: receive_broadcast(rx1, pgs[1], 0, bucket),
         lambda: receive_broadcast(rx2, pgs[2], 0, bucket),
     )
-    total = sum(t.numel() * t.element_size() for t in w.values())
-    assert stats.bytes == total and stats.buckets == -(-total // bucket) == s1.buckets
+    sizes = [t.numel() * t.element_size() for t in w.values()]
+    total = sum(sizes)
+    assert stats.bytes == total and stats.buckets == len(plan_messages(sizes, bucket)) == s1.buckets
     assert s1.version == s2.version == 7
     assert (
         tensor_digest(rx1.tensors.items()) == tensor_digest(rx2.tensors.items()) == tensor_digest(w.items())
     )
     assert stats.peak_extra_bytes <= 2 * min(bucket, total)  # nothing materialized: buffers only
+
+
+@pytest.mark.parametrize("bucket", [1, 7, 64, 100, 4096])
+def test_plan_messages_covers_every_byte_once(bucket: int) -> None:
+    sizes = [0, 3, 64, 0, 1000, 5, 5, 17, 4096, 0]
+    msgs = plan_messages(sizes, bucket)
+    seen = [(i, off, n) for m in msgs for i, off, n in m]
+    assert all(sum(n for _, _, n in m) <= bucket for m in msgs)
+    # in stream order, contiguous, every byte of every tensor exactly once
+    expect = [(i, o) for i, n in enumerate(sizes) for o in range(n)]
+    assert [(i, off + k) for i, off, n in seen for k in range(n)] == expect
+    # a tensor of at least a quarter bucket is alone in its messages (zero-copy)
+    for m in msgs:
+        if any(sizes[i] >= max(1, bucket // 4) for i, _, _ in m):
+            assert len(m) == 1
 
 
 def test_receiver_writes_model_in_place_and_casts() -> None:

@@ -13,6 +13,7 @@ from .buckets import (
     bucketed_broadcast,
     drain_full_tensors,
     materialize,
+    plan_messages,
     receive_broadcast,
     tensor_digest,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "default_tp_rules",
     "drain_full_tensors",
     "materialize",
+    "plan_messages",
     "receive_broadcast",
     "tensor_digest",
 ]

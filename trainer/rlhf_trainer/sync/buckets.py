@@ -4,16 +4,19 @@ A sync is one *stream* from the source rank to every other rank of a process gro
 
 1. a header: the JSON list of `TensorMeta` (name, shape, dtype) plus the sender's `version`,
    broadcast as a length (int64) and the bytes (uint8);
-2. the tensors' bytes, concatenated in header order and cut into buckets of exactly
-   `bucket_bytes` (the last one shorter). A tensor may straddle buckets, so the bucket size bounds
-   memory whatever the largest tensor is, and there is one broadcast per bucket, not per tensor.
+2. the tensors' bytes in header order, in messages ("buckets") of at most `bucket_bytes`
+   (`plan_messages`): a tensor of at least a quarter bucket travels alone, a larger one in
+   bucket-sized chunks, so the bucket size bounds memory whatever the largest tensor is; smaller
+   tensors are packed together. Sender and receivers derive the same plan from the header.
 
 Both sides work on `uint8` views, so any dtype (bf16 included) travels bit-exactly over gloo.
 
-At most two buckets are in flight. A bucket that lies entirely inside one tensor travels straight
-from (and, on a receiver whose parameter has the stream's dtype, into) that tensor's memory; only
-buckets that straddle tensor boundaries are assembled in a buffer. Memory on the sender: at most
-two bucket buffers plus the tensor being copied when it has to be materialized: a DTensor
+At most two messages are in flight. A message that is one tensor's range travels straight from
+the caller's tensor and, on a receiver whose parameter has the stream's dtype, straight into the
+parameter: no copy on either side. Only packed small tensors go through a bucket buffer.
+
+Memory on the sender: at most two bucket buffers plus the tensor being copied when it has to be
+materialized: a DTensor
 (FSDP2 shard) is gathered with `full_tensor()` only when the stream reaches it and dropped once
 copied, so the extra peak is `2 * bucket_bytes + largest parameter` — never the whole model. Every
 rank of the FSDP mesh has to take part in those gathers in the same order: the ranks that are not
@@ -27,7 +30,6 @@ rank *within that group*.
 
 from __future__ import annotations
 
-import bisect
 import json
 import math
 import time
@@ -41,6 +43,9 @@ import torch
 import torch.distributed as dist
 
 DEFAULT_BUCKET_BYTES = 64 << 20
+#: Messages posted ahead. Only messages packed in a bucket buffer hold memory, and there are at
+#: most two of those; zero-copy messages in flight let gloo pipeline through its broadcast tree.
+DEFAULT_MAX_INFLIGHT = 4
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,39 @@ def _recv_header(group: Group, src: int, timeout: float | None) -> tuple[list[Te
     return [TensorMeta(name, tuple(shape), dt) for name, shape, dt in d["tensors"]], int(d["version"])
 
 
+def plan_messages(sizes: Sequence[int], bucket_bytes: int) -> list[list[tuple[int, int, int]]]:
+    """Cut a stream of tensors (byte `sizes`, in order) into messages of at most `bucket_bytes`:
+    each message a list of (tensor index, byte offset, length) segments, in stream order.
+
+    Tensors of at least a quarter bucket travel alone (a larger one in bucket-sized chunks), so
+    their messages are contiguous ranges of one tensor and need no copy on either side; smaller
+    tensors are packed together. Sender and receivers compute the same plan from the header.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    alone = max(1, bucket_bytes // 4)
+    msgs: list[list[tuple[int, int, int]]] = []
+    cur: list[tuple[int, int, int]] = []
+    cur_len = 0
+    for i, n in enumerate(sizes):
+        if n == 0:
+            continue
+        if n >= alone:
+            if cur:
+                msgs.append(cur)
+                cur, cur_len = [], 0
+            msgs += [[(i, off, min(bucket_bytes, n - off))] for off in range(0, n, bucket_bytes)]
+            continue
+        if cur_len + n > bucket_bytes:
+            msgs.append(cur)
+            cur, cur_len = [], 0
+        cur.append((i, 0, n))
+        cur_len += n
+    if cur:
+        msgs.append(cur)
+    return msgs
+
+
 def bucketed_broadcast(
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     group: Group,
@@ -158,18 +196,14 @@ def bucketed_broadcast(
     timeout: float | None = None,
     transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
     metas: Sequence[TensorMeta] | None = None,
+    max_inflight: int = DEFAULT_MAX_INFLIGHT,
 ) -> SyncStats:
     """Send `named_tensors` (tensors or DTensors, not yet gathered) from rank `src` of `group`.
 
     Every other rank of the group calls `receive_broadcast` at the same time. `transform(name, t)`
     maps each materialized tensor to what is sent (a TP shard, a dtype cast); then `metas` must
     describe the transformed tensors, in order. Returns the stream's `SyncStats`.
-
-    A bucket that lies inside one tensor the caller already holds contiguously is sent straight
-    from that tensor's memory (no copy); the others are assembled in one of two bucket buffers.
     """
-    if bucket_bytes <= 0:
-        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
     t0 = time.perf_counter()
     items = list(named_tensors)
     if metas is None:
@@ -178,14 +212,14 @@ def bucketed_broadcast(
         metas = [TensorMeta.of(n, t) for n, t in items]
     if len(metas) != len(items):
         raise ValueError(f"{len(metas)} metas for {len(items)} tensors")
+    msgs = plan_messages([m.nbytes for m in metas], bucket_bytes)
     _send_header(group, src, metas, version, timeout)
 
     total = sum(m.nbytes for m in metas)
-    stats = SyncStats(tensors=len(items), bytes=total, version=version)
-    n_buckets = math.ceil(total / bucket_bytes) if total else 0
+    stats = SyncStats(tensors=len(items), bytes=total, version=version, buckets=len(msgs))
     buf_size = min(bucket_bytes, total)
     free: list[torch.Tensor] = []
-    allocated, sent = 0, 0  # bucket buffers allocated, buckets posted
+    allocated = 0
     inflight: deque[tuple[Any, torch.Tensor | None, torch.Tensor]] = deque()  # (work, buffer, sent view)
 
     def retire_oldest() -> None:
@@ -204,52 +238,60 @@ def bucketed_broadcast(
         return free.pop()
 
     def post(view: torch.Tensor, buf: torch.Tensor | None) -> None:
-        nonlocal sent
-        while len(inflight) >= 2:  # one bucket in flight beyond the one being sent
+        # Zero-copy messages cost no memory in flight; buffered ones are bounded by acquire().
+        while len(inflight) >= max_inflight:
             retire_oldest()
         inflight.append((_bcast(group, view, src, timeout), buf, view))
-        sent += 1
 
-    cur: torch.Tensor | None = None  # the buffer being filled
-    pos = 0  # its fill position
-    for (name, t), meta in zip(items, metas):
-        full = materialize(t)
-        if transform is not None:
-            full = transform(name, full).contiguous()
-        if TensorMeta.of(meta.name, full) != meta:
-            raise ValueError(f"tensor {name!r} is {TensorMeta.of(name, full)}, header said {meta}")
-        in_place = not is_dtensor(t) and full.data_ptr() == t.data_ptr()
-        held = 0 if in_place else full.nbytes
-        stats.largest_materialized_bytes = max(stats.largest_materialized_bytes, held)
-        data, off = _as_bytes(full), 0
-        while off < data.numel():
-            need = min(bucket_bytes, total - sent * bucket_bytes)  # size of the bucket being built
-            if cur is None and in_place and data.numel() - off >= need:
-                post(data[off : off + need], None)  # zero-copy: the bucket is inside this tensor
-                off += need
+    # Tensors are materialized strictly in order (DTensor gathers are collectives matched by the
+    # other FSDP ranks' drain_full_tensors) and dropped as soon as the stream moves past them.
+    cur_i, cur_data, cur_in_place, cur_held = -1, torch.empty(0, dtype=torch.uint8), True, 0
+
+    def tensor(i: int) -> tuple[torch.Tensor, bool]:
+        nonlocal cur_i, cur_data, cur_in_place, cur_held
+        while cur_i < i:
+            cur_i += 1
+            name, t = items[cur_i]
+            cur_data = torch.empty(0, dtype=torch.uint8)  # drop the previous one first
+            full = materialize(t)
+            if transform is not None:
+                full = transform(name, full).contiguous()
+            if TensorMeta.of(metas[cur_i].name, full) != metas[cur_i]:
+                raise ValueError(
+                    f"tensor {name!r} is {TensorMeta.of(name, full)}, header said {metas[cur_i]}"
+                )
+            cur_in_place = not is_dtensor(t) and full.data_ptr() == t.data_ptr()
+            cur_held = 0 if cur_in_place else full.nbytes
+            stats.largest_materialized_bytes = max(stats.largest_materialized_bytes, cur_held)
+            cur_data = _as_bytes(full)
+        return cur_data, cur_in_place
+
+    for msg in msgs:
+        if len(msg) == 1:
+            i, off, n = msg[0]
+            data, in_place = tensor(i)
+            if in_place:  # zero-copy: send straight from the caller's tensor
+                post(data[off : off + n], None)
+                stats.peak_extra_bytes = max(stats.peak_extra_bytes, allocated * buf_size)
                 continue
-            if cur is None:
-                cur = acquire()
-            k = min(need - pos, data.numel() - off)
-            cur[pos : pos + k].copy_(data[off : off + k])
-            pos, off = pos + k, off + k
-            if pos == need:
-                post(cur[:need], cur)
-                cur, pos = None, 0
-        stats.peak_extra_bytes = max(stats.peak_extra_bytes, allocated * buf_size + held)
-        del full, data
+        buf, pos = acquire(), 0
+        for i, off, n in msg:
+            data, _ = tensor(i)
+            buf[pos : pos + n].copy_(data[off : off + n])
+            pos += n
+            stats.peak_extra_bytes = max(stats.peak_extra_bytes, allocated * buf_size + cur_held)
+        post(buf[:pos], buf)
+    tensor(len(items) - 1)  # trailing zero-size tensors still take part in the gathers
     while inflight:
         retire_oldest()
-    assert sent == n_buckets, (sent, n_buckets)
-    stats.buckets = sent
     stats.seconds = time.perf_counter() - t0
     return stats
 
 
 class Sink(Protocol):
     """Where received tensors go. `begin` returns a flat uint8 tensor of `meta.nbytes` to fill
-    (the destination's own bytes when possible); `end` is called once it is full. `begin` is called
-    in stream order but may run a tensor or two ahead of the matching `end`."""
+    (the destination's own bytes when possible); `end` is called once it is full. Both are called
+    in stream order; `begin` may run a few tensors ahead of the matching `end`."""
 
     def begin(self, meta: TensorMeta) -> torch.Tensor: ...
 
@@ -264,20 +306,19 @@ def receive_broadcast(
     *,
     timeout: float | None = None,
     on_bucket: Callable[[int], None] | None = None,
+    max_inflight: int = DEFAULT_MAX_INFLIGHT,
 ) -> SyncStats:
-    """The receiving side of `bucketed_broadcast` (same `bucket_bytes`). Receives are posted two
-    buckets ahead; a bucket that lies inside one tensor is received straight into the sink's buffer
-    for it (the model's own parameter when dtypes match), the others into one of two bucket buffers
-    and scattered."""
+    """The receiving side of `bucketed_broadcast` (same `bucket_bytes`). Receives are posted up
+    to `max_inflight` messages ahead (at most two of them into bucket buffers); a message holding one tensor's range is received straight into the sink's
+    buffer for it (the model's own parameter when dtypes match), packed ones into one of two
+    bucket buffers and scattered."""
     t0 = time.perf_counter()
     metas, version = _recv_header(group, src, timeout)
     sizes = [m.nbytes for m in metas]
-    starts = [0]
-    for s in sizes:
-        starts.append(starts[-1] + s)
-    total = starts[-1]
-    n_buckets = math.ceil(total / bucket_bytes) if total else 0
+    total = sum(sizes)
+    msgs = plan_messages(sizes, bucket_bytes)
     buf_size = min(bucket_bytes, total)
+    remaining = list(sizes)
     dsts: dict[int, torch.Tensor] = {}
     begun, ended = 0, 0
     free: list[torch.Tensor] = []
@@ -295,55 +336,58 @@ def receive_broadcast(
             begun += 1
         return dsts[i]
 
-    def finish_upto(byte_pos: int) -> None:
+    def finish_ready() -> None:
         nonlocal ended
-        while ended < len(metas) and starts[ended + 1] <= byte_pos:
-            d = dst(ended)
-            sink.end(metas[ended], d)
+        while ended < len(metas) and remaining[ended] == 0:
+            sink.end(metas[ended], dst(ended))
             del dsts[ended]
             ended += 1
 
-    def tensor_at(byte_pos: int) -> int:
-        # the last tensor starting at or before byte_pos: never a zero-size one (it would share
-        # its start with the next tensor, which bisect_right picks)
-        return bisect.bisect_right(starts, byte_pos, hi=len(metas)) - 1
+    def can_post(m: int) -> bool:
+        return len(msgs[m]) == 1 or bool(free) or allocated < 2
 
-    def post(b: int) -> tuple[Any, torch.Tensor | None]:
+    def post(m: int) -> tuple[Any, torch.Tensor | None]:
         nonlocal allocated
-        s, e = b * bucket_bytes, min(total, (b + 1) * bucket_bytes)
-        i = tensor_at(s)
-        if e <= starts[i + 1]:  # inside tensor i: receive in place
-            return _bcast(group, dst(i)[s - starts[i] : e - starts[i]], src, timeout), None
+        msg = msgs[m]
+        if len(msg) == 1:
+            i, off, n = msg[0]
+            return _bcast(group, dst(i)[off : off + n], src, timeout), None
         if not free:
             free.append(torch.empty(buf_size, dtype=torch.uint8))
             allocated += 1
         buf = free.pop()
-        return _bcast(group, buf[: e - s], src, timeout), buf
+        return _bcast(group, buf[: sum(n for _, _, n in msg)], src, timeout), buf
 
-    works = {b: post(b) for b in range(min(2, n_buckets))}
-    finish_upto(0)
-    for b in range(n_buckets):
-        work, buf = works.pop(b)
+    works: dict[int, tuple[Any, torch.Tensor | None]] = {}
+    next_post = 0
+
+    def post_ahead() -> None:
+        nonlocal next_post
+        while next_post < len(msgs) and len(works) < max_inflight and can_post(next_post):
+            works[next_post] = post(next_post)
+            next_post += 1
+
+    post_ahead()
+    for m, msg in enumerate(msgs):
+        work, buf = works.pop(m)
         work.wait()
-        s, e = b * bucket_bytes, min(total, (b + 1) * bucket_bytes)
-        if buf is not None:  # scatter the bucket into the tensors it overlaps
-            i = tensor_at(s)
-            while i < len(metas) and starts[i] < e:
-                lo, hi = max(s, starts[i]), min(e, starts[i + 1])
-                if hi > lo:
-                    dst(i)[lo - starts[i] : hi - starts[i]].copy_(buf[lo - s : hi - s])
-                i += 1
+        pos = 0
+        for i, off, n in msg:
+            if buf is not None:
+                dst(i)[off : off + n].copy_(buf[pos : pos + n])
+            pos += n
+            remaining[i] -= n
+        if buf is not None:
             free.append(buf)
-        finish_upto(e)
+        finish_ready()
         if on_bucket is not None:
-            on_bucket(b)
-        if b + 2 < n_buckets:
-            works[b + 2] = post(b + 2)
-    finish_upto(total)
+            on_bucket(m)
+        post_ahead()
+    finish_ready()
     return SyncStats(
         tensors=len(metas),
         bytes=total,
-        buckets=n_buckets,
+        buckets=len(msgs),
         seconds=time.perf_counter() - t0,
         version=version,
         peak_extra_bytes=allocated * buf_size,

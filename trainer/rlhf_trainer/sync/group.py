@@ -14,7 +14,9 @@ members). The NCCL variant is the same with `ProcessGroupNCCL`. (torch >= 2.8 al
 
 One sync (`push` on the source, `receive` on every other member) is confirmed, not hoped for:
 
-1. the source streams the weights (`bucketed_broadcast`); each receiver receives them;
+1. the source marks the start in the store and streams the weights (`bucketed_broadcast`); each
+   receiver waits for that mark in the store (so a source busy elsewhere is not mistaken for a
+   stalled transfer by the gloo timeout), then receives;
 2. each receiver writes `ack/<member>` = ok | error into the store (whether its stream succeeded
    or failed, e.g. because a peer died and gloo raised or timed out);
 3. the source waits up to `timeout` for the acks. All ok and its own stream ok: it writes
@@ -199,6 +201,8 @@ class SyncGroup:
         for attempt in range(1, self.max_attempts + 1):
             base = f"{self._base()}/s{self._seq}"
             stats, err = SyncStats(), self._connect_error
+            if len(self.members) > 1:  # tell the receivers to go (or, without a group, to ack an error)
+                self.store.set(base + "/start", "go" if self._pg is not None else "skip")
             if self._pg is not None and len(self.members) > 1:
                 try:
                     stats = bucketed_broadcast(
@@ -239,6 +243,11 @@ class SyncGroup:
             stats, err = SyncStats(), self._connect_error
             if self._pg is not None:
                 try:
+                    # Wait in the store, not in a gloo op, for the source to start: its gloo
+                    # timeout is for a stalled transfer, not for a source still busy elsewhere.
+                    self._wait_key(base + "/start")
+                    if self.store.get(base + "/start") != b"go":
+                        raise SyncError(f"the source could not connect at {base}")
                     stats = receive_broadcast(sink, self._pg, 0, self.bucket_bytes, timeout=self.timeout)
                 except Exception as e:
                     err = e
@@ -269,14 +278,21 @@ class SyncGroup:
                 return acks
             time.sleep(self.poll_seconds)
 
-    def _wait_outcome(self, base: str) -> dict[str, Any]:
-        # The source decides within its stream time plus one timeout for the acks; a receiver
-        # whose source is gone gives up after a generous multiple of that.
-        deadline = time.monotonic() + 3 * self.timeout + 10
-        key = base + "/outcome"
-        while not self.store.check([key]):
+    def _wait_key(self, *keys: str) -> str:
+        """Wait until one of `keys` is in the store; returns it. The source decides within its
+        stream time plus one timeout for the acks; a receiver whose source is gone gives up after
+        a generous multiple of that."""
+        limit = 3 * self.timeout + 10
+        deadline = time.monotonic() + limit
+        while True:
+            for k in keys:
+                if self.store.check([k]):
+                    return k
             if time.monotonic() > deadline:
-                raise SyncError(f"no outcome for {base} from the source within {3 * self.timeout + 10:.0f}s")
+                raise SyncError(f"no {' or '.join(keys)} from the source within {limit:.0f}s")
             time.sleep(self.poll_seconds)
+
+    def _wait_outcome(self, base: str) -> dict[str, Any]:
+        key = self._wait_key(base + "/outcome")
         result: dict[str, Any] = json.loads(self.store.get(key).decode())
         return result
