@@ -23,6 +23,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 log = logging.getLogger(__name__)
@@ -124,16 +125,20 @@ class FunctionReward:
     as extra keyword arguments on every call. Columns a function does not accept (no `**kwargs` and
     no parameter of that name) are not passed to it."""
 
-    def __init__(self, path: str | Callable[..., Any], kwargs: dict[str, Any] | None = None, name: str | None = None):
+    def __init__(
+        self, path: str | Callable[..., Any], kwargs: dict[str, Any] | None = None, name: str | None = None
+    ):
         obj = import_object(path) if isinstance(path, str) else path
         kwargs = dict(kwargs or {})
         self.path = path if isinstance(path, str) else f"{obj.__module__}:{obj.__qualname__}"
         self.name = name or self.path.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
         self._extra: dict[str, Any] = {}
         if inspect.isclass(obj):
-            instance = obj(**kwargs)
+            instance: Any = obj(**kwargs)
             if not callable(getattr(instance, "compute_reward", None)):
-                raise TypeError(f"reward class {self.path!r} has no compute_reward(prompts, responses, **kw) method")
+                raise TypeError(
+                    f"reward class {self.path!r} has no compute_reward(prompts, responses, **kw) method"
+                )
             self._fn: Callable[..., Any] = instance.compute_reward
         elif isinstance(obj, RewardCalculator):
             self._fn = obj.compute_reward
@@ -172,10 +177,15 @@ class RewardModelScorer:
         self.device = device
         self.max_length = max_length
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(path)
-            self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=getattr(torch, dtype))
+            local = str(Path(path).expanduser())
+            self.tokenizer = AutoTokenizer.from_pretrained(local)
+            self.model = AutoModelForSequenceClassification.from_pretrained(
+                local, dtype=getattr(torch, dtype)
+            )
         except OSError as err:
-            raise ValueError(f"reward model {path!r} cannot be loaded (a local directory is expected): {err}") from err
+            raise ValueError(
+                f"reward model {path!r} cannot be loaded (a local directory is expected): {err}"
+            ) from err
         self.model.to(device).eval()
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -249,12 +259,17 @@ class CombinedReward:
         return [r.name for r in self.rewards]
 
     def compute(
-        self, prompts: list[str], responses: list[str], columns: dict[str, list[Any]] | None = None
+        self,
+        prompts: list[str],
+        responses: list[str],
+        columns: dict[str, list[Any]] | list[dict[str, Any]] | None = None,
     ) -> RewardResult:
+        """Score a batch. `columns` holds the prompt file's other columns, either by key (a list per
+        column) or by sample (one dict per sample, as `PromptItem.columns`)."""
         n = len(responses)
         if len(prompts) != n:
             raise ValueError(f"compute: {len(prompts)} prompts for {n} responses")
-        columns = dict(columns or {})
+        columns = _columns_by_key(columns, n)
         for key, values in columns.items():
             if len(values) != n:
                 raise ValueError(f"compute: column {key!r} has {len(values)} values for {n} responses")
@@ -284,6 +299,20 @@ class CombinedReward:
                     totals[i] = math.nan
                     valid[i] = False
         return RewardResult(scores=totals, valid=valid, errors=errors, per_reward=per_reward)
+
+
+def _columns_by_key(
+    columns: dict[str, list[Any]] | list[dict[str, Any]] | None, n: int
+) -> dict[str, list[Any]]:
+    if columns is None:
+        return {}
+    if isinstance(columns, dict):
+        return {k: list(v) for k, v in columns.items()}
+    rows = list(columns)
+    if len(rows) != n:
+        raise ValueError(f"compute: {len(rows)} column rows for {n} responses")
+    keys = sorted({k for row in rows for k in row})
+    return {k: [row.get(k) for row in rows] for k in keys}
 
 
 def _check_scores(raw: Any, n: int) -> list[Any]:
@@ -321,7 +350,10 @@ def _score_with_retry(
         for i in range(n):
             try:
                 one = _check_scores(
-                    calc.compute_reward([prompts[i]], [responses[i]], **{k: [v[i]] for k, v in columns.items()}), 1
+                    calc.compute_reward(
+                        [prompts[i]], [responses[i]], **{k: [v[i]] for k, v in columns.items()}
+                    ),
+                    1,
                 )
                 values.append(one[0])
             except Exception as err:  # noqa: BLE001

@@ -83,7 +83,7 @@ class RolloutBatch:
         return ids, mask
 
     def to(self, device: torch.device | str) -> RolloutBatch:
-        moved = {
+        moved: dict[str, Any] = {
             f.name: (v.to(device) if isinstance(v := getattr(self, f.name), torch.Tensor) else v)
             for f in dataclasses.fields(self)
         }

@@ -9,6 +9,7 @@ gives the same tokens and log-probs alone or left-padded inside a batch.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,7 +29,7 @@ def torch_dtype(name: str | torch.dtype) -> torch.dtype:
     return DTYPES[name]
 
 
-def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
+def eos_token_ids_of(model: Any, tokenizer: Any) -> set[int]:
     """Every id that ends a response: the tokenizer's EOS and the model's generation-config EOS ids."""
     ids: set[int] = set()
     if getattr(tokenizer, "eos_token_id", None) is not None:
@@ -70,7 +71,10 @@ class HFRolloutEngine:
         top_p: float = 1.0,
         top_k: int = 0,
         seed: int = 0,
+        eos_token_ids: Iterable[int] | None = None,
     ):
+        """`eos_token_ids` overrides the stop tokens (default: the tokenizer's EOS and the model's
+        generation-config EOS ids)."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if temperature < 0:
@@ -83,7 +87,7 @@ class HFRolloutEngine:
         self.temperature = temperature
         self.top_p = top_p
         self.top_k = top_k
-        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.eos_ids = set(eos_token_ids) if eos_token_ids is not None else eos_token_ids_of(model, tokenizer)
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = int(pad if pad is not None else min(self.eos_ids))
         self.device = next(model.parameters()).device
@@ -109,8 +113,10 @@ class HFRolloutEngine:
     ) -> HFRolloutEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype)).to(device)
+        model_path = os.path.expanduser(model_path)
+        tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(tokenizer_path or model_path))
+        model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype))
+        model.to(device)
         model.eval()
         return cls(model, tokenizer, **kwargs)
 

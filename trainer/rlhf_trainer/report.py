@@ -1,0 +1,221 @@
+"""The run report: PNG plots and `report.html` from `<run_dir>/metrics.jsonl`.
+
+`write_report(run_dir)` draws, from the step records the controller logged:
+
+* `reward.png`: mean reward per step with a ±std band (`reward/mean`, `reward/std`);
+* `kl.png`: KL to the reference (`actor/kl`, or the other KL keys of `metrics.SERIES`);
+* `loss.png`: actor and critic losses;
+* `reward_hist.png`: the reward distribution of the last step that logged its scores
+  (`reward/scores`, a list) or a histogram (`reward/hist`: `{"counts": [...], "edges": [...]}`);
+* `timing.png`: seconds per phase per step, stacked (`timing/<phase>`; `timing/step` is the total
+  and is not stacked);
+
+and `report.html`, a self-contained page (images inlined) with a summary table: steps, first
+and last mean reward, mean tokens/s and samples/s. Plots whose metrics were never logged are
+left out. `rlhf report RUN_DIR` calls this.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+from rlhf_trainer.metrics import SERIES, read_jsonl
+
+TOTAL_PHASE = "step"
+
+
+def _series(
+    records: list[dict[str, Any]], keys: tuple[str, ...]
+) -> tuple[list[float], list[float], str | None]:
+    """(steps, values, key used) for the first of `keys` present in any record."""
+    for key in keys:
+        xs, ys = [], []
+        for i, r in enumerate(records):
+            v = r.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                xs.append(float(r.get("step", i)))
+                ys.append(float(v))
+        if xs:
+            return xs, ys, key
+    return [], [], None
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _fmt(v: float | None) -> str:
+    return "—" if v is None else f"{v:.4g}"
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write the plots and `report.html` into `run_dir`; returns the path of `report.html`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run = Path(run_dir)
+    log_path = run / "metrics.jsonl"
+    if not log_path.exists():
+        raise FileNotFoundError(f"no metrics log at {str(log_path)!r}; is {str(run)!r} a run directory?")
+    records = read_jsonl(log_path)
+    if not records:
+        raise ValueError(f"{str(log_path)!r} holds no step records")
+    plots: list[tuple[str, str]] = []
+
+    def save(fig: Any, name: str, title: str) -> None:
+        fig.tight_layout()
+        fig.savefig(run / name, dpi=100)
+        plt.close(fig)
+        plots.append((name, title))
+
+    xs, mean, _ = _series(records, ("reward/mean",))
+    if xs:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        ax.plot(xs, mean, color="tab:blue", label="mean reward")
+        sx, std, _ = _series(records, ("reward/std",))
+        if sx == xs:
+            ax.fill_between(
+                xs,
+                [m - s for m, s in zip(mean, std)],
+                [m + s for m, s in zip(mean, std)],
+                alpha=0.2,
+                color="tab:blue",
+                label="± std",
+            )
+        ax.set_xlabel("step")
+        ax.set_ylabel("reward")
+        ax.legend(loc="best")
+        ax.grid(alpha=0.3)
+        save(fig, "reward.png", "Reward")
+
+    kx, kl, kkey = _series(records, SERIES["kl"][1])
+    if kx:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        ax.plot(kx, kl, color="tab:red")
+        ax.set_xlabel("step")
+        ax.set_ylabel(kkey or "kl")
+        ax.grid(alpha=0.3)
+        save(fig, "kl.png", "KL divergence")
+
+    losses = [
+        (label, *_series(records, SERIES[name][1]))
+        for name, label in (("actor_loss", "actor"), ("critic_loss", "critic"))
+    ]
+    if any(lx for _, lx, _, _ in losses):
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        for label, lx, ly, key in losses:
+            if lx:
+                ax.plot(lx, ly, label=f"{label} ({key})")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.legend(loc="best")
+        ax.grid(alpha=0.3)
+        save(fig, "loss.png", "Losses")
+
+    hist_step, hist = _last_histogram(records)
+    if hist is not None:
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        if "scores" in hist:
+            ax.hist(hist["scores"], bins=min(30, max(5, len(set(hist["scores"])))), color="tab:green")
+        else:
+            edges, counts = hist["edges"], hist["counts"]
+            widths = [b - a for a, b in zip(edges[:-1], edges[1:])]
+            ax.bar(edges[:-1], counts, width=widths, align="edge", color="tab:green")
+        ax.set_xlabel("reward")
+        ax.set_ylabel("samples")
+        ax.set_title(f"step {hist_step}")
+        save(fig, "reward_hist.png", "Reward distribution (last step)")
+
+    phases = sorted(
+        {
+            k[len("timing/") :]
+            for r in records
+            for k in r
+            if k.startswith("timing/") and k != f"timing/{TOTAL_PHASE}"
+        }
+    )
+    if phases:
+        steps = [float(r.get("step", i)) for i, r in enumerate(records)]
+        stacks = [[_num(r.get(f"timing/{p}")) for r in records] for p in phases]
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        ax.stackplot(steps, stacks, labels=phases, alpha=0.85)
+        ax.set_xlabel("step")
+        ax.set_ylabel("seconds")
+        ax.legend(loc="upper left", fontsize="small", ncol=min(4, len(phases)))
+        ax.grid(alpha=0.3)
+        save(fig, "timing.png", "Time per phase")
+
+    summary = _summary(records)
+    out = run / "report.html"
+    out.write_text(_html(run, summary, plots), encoding="utf-8")
+    return out
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else 0.0
+
+
+def _last_histogram(records: list[dict[str, Any]]) -> tuple[Any, dict[str, Any] | None]:
+    for i in range(len(records) - 1, -1, -1):
+        r = records[i]
+        scores = r.get("reward/scores")
+        if isinstance(scores, list) and scores:
+            vals = [float(s) for s in scores if isinstance(s, (int, float)) and math.isfinite(s)]
+            if vals:
+                return r.get("step", i), {"scores": vals}
+        hist = r.get("reward/hist")
+        if (
+            isinstance(hist, dict)
+            and hist.get("counts")
+            and hist.get("edges")
+            and len(hist["edges"]) == len(hist["counts"]) + 1
+        ):
+            return r.get("step", i), {"counts": hist["counts"], "edges": hist["edges"]}
+    return None, None
+
+
+def _summary(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    _, mean, _ = _series(records, ("reward/mean",))
+    _, tps, _ = _series(records, SERIES["tokens_per_second"][1])
+    _, sps, _ = _series(records, SERIES["samples_per_second"][1])
+    _, step_s, _ = _series(records, (f"timing/{TOTAL_PHASE}",))
+    last_step = records[-1].get("step", len(records) - 1)
+    rows = [
+        ("steps logged", str(len(records))),
+        ("last step", str(last_step)),
+        ("first mean reward", _fmt(mean[0] if mean else None)),
+        ("last mean reward", _fmt(mean[-1] if mean else None)),
+        ("best mean reward", _fmt(max(mean) if mean else None)),
+        ("mean tokens/s", _fmt(_mean(tps))),
+        ("mean samples/s", _fmt(_mean(sps))),
+        ("mean seconds/step", _fmt(_mean(step_s))),
+    ]
+    return rows
+
+
+def _html(run: Path, summary: list[tuple[str, str]], plots: list[tuple[str, str]]) -> str:
+    rows = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in summary)
+    figures = []
+    for name, title in plots:
+        data = base64.b64encode((run / name).read_bytes()).decode("ascii")
+        figures.append(
+            f'<figure><figcaption>{html.escape(title)} (<a href="{name}">{name}</a>)</figcaption>'
+            f'<img alt="{html.escape(title)}" src="data:image/png;base64,{data}"></figure>'
+        )
+    body = "\n".join(figures) or "<p>No plottable metrics were logged.</p>"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>rlhf run report: {html.escape(run.name)}</title>
+<style>body{{font-family:sans-serif;max-width:780px;margin:2em auto;color:#222}}
+table{{border-collapse:collapse;margin-bottom:1.5em}}th,td{{border:1px solid #ccc;padding:4px 10px;text-align:left}}
+figure{{margin:1.5em 0}}img{{max-width:100%}}figcaption{{font-weight:bold;margin-bottom:.3em}}</style></head>
+<body><h1>Run report: {html.escape(run.name)}</h1>
+<table>{rows}</table>
+{body}
+</body></html>
+"""
