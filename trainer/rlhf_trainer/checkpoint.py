@@ -116,7 +116,8 @@ def _numpy_state() -> list[Any] | None:
         import numpy as np
     except ImportError:  # pragma: no cover
         return None
-    name, keys, pos, has_gauss, gauss = np.random.get_state()  # type: ignore[misc]
+    name, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)  # type: ignore[misc]
+    keys = np.asarray(keys)
     return [name, keys.tolist(), int(pos), int(has_gauss), float(gauss)]
 
 

@@ -51,6 +51,7 @@ class Run:
     start_step: int
     checkpoint_dir: Path
     logger: Any = None
+    metrics: Any = None
     server: Any = None
     progress: Any = None
     on_status: StatusCallback | None = None
@@ -115,24 +116,27 @@ def run(
         teardown(r)
 
 
-def log_step(r: Run, step: int, metrics: dict[str, float]) -> None:
+def log_step(r: Run, step: int, metrics: dict[str, Any]) -> None:
     """Write the step's metrics to the JSONL log, the /metrics endpoint, the bar and the job status."""
-    phase_total = sum(v for k, v in metrics.items() if k.startswith("time/"))
-    metrics["time/step"] = phase_total
-    if phase_total > 0:
-        metrics["perf/samples_per_second"] = metrics.get("rollout/samples", 0.0) / phase_total
-        metrics["perf/tokens_per_second"] = metrics.get("rollout/tokens", 0.0) / phase_total
-    metrics["rollout/wait_seconds"] = metrics.get("time/rollout", 0.0)
+    ctx = r.ctx
+    step_seconds = sum(v for k, v in metrics.items() if k.startswith("timing/"))
+    metrics["timing/step"] = step_seconds
+    if step_seconds > 0:
+        metrics["perf/samples_per_second"] = metrics.get("rollout/samples", 0.0) / step_seconds
+        metrics["perf/tokens_per_second"] = metrics.get("rollout/tokens", 0.0) / step_seconds
+        metrics["rollout/wait_fraction"] = metrics.get("timing/rollout", 0.0) / step_seconds
+    metrics["rollout/wait_seconds"] = metrics.get("timing/rollout", 0.0)
+    metrics["data/prompts_consumed"] = float(ctx.dataset.consumed)
+    metrics["total_steps"] = float(ctx.spec.training.steps)
+    scores = r.stream.last_batch["scores"].tolist() if r.stream.last_batch is not None else []
     r.history.append({"step": step, **metrics})
-    if r.logger is not None:
-        r.logger.log(step, metrics)
-    if r.server is not None:
-        r.server.update(step, metrics)
+    r.logger.log({**metrics, "reward/scores": scores}, step=step)
+    r.metrics.record(step, metrics)
     if r.progress is not None:
         r.progress.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}", refresh=False)
         r.progress.update(1)
     if r.on_status is not None:
-        r.on_status(step + 1, r.ctx.spec.training.steps, metrics)
+        r.on_status(step + 1, ctx.spec.training.steps, metrics)
 
 
 def save_checkpoint_if_due(r: Run, done: int) -> None:
@@ -249,7 +253,7 @@ def setup(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "spec.json").write_text(json.dumps(dataclasses.asdict(spec), indent=1, default=str))
 
-    owns_ray = start_ray(spec, ray_address)
+    owns_ray = start_ray(ray_address)
     ctx = TrainerContext(
         spec=spec,
         job_name=job_name,
@@ -295,10 +299,7 @@ def load_tokenizer(spec: JobSpec) -> Any:
 
 
 def load_prompts(spec: JobSpec, tokenizer: Any) -> Any:
-    try:
-        from rlhf_trainer.data import PromptDataset
-    except ImportError:  # TEMPORARY until rlhf_trainer.data lands
-        from rlhf_trainer.workers._standin import PromptDataset  # type: ignore[assignment]
+    from rlhf_trainer.data import PromptDataset
 
     return PromptDataset(spec.data, tokenizer, seed=spec.training.seed)
 
@@ -309,7 +310,7 @@ def checkpoint_root(spec: JobSpec, run_dir: Path) -> Path:
     )
 
 
-def start_ray(spec: JobSpec, address: str | None) -> bool:
+def start_ray(address: str | None = None) -> bool:
     """Join `address` (or RAY_ADDRESS), or start a local Ray instance; True when we started it."""
     import ray
 
@@ -428,17 +429,16 @@ def truncate_log(path: Path, first_step: int) -> None:
 
 
 def start_logging(r: Run, on_status: StatusCallback | None) -> None:
-    try:
-        from rlhf_trainer.metrics import JsonlLogger, MetricsServer
-    except ImportError:  # TEMPORARY until rlhf_trainer.metrics lands
-        from rlhf_trainer.workers._standin import JsonlLogger, MetricsServer  # type: ignore[assignment]
+    from rlhf_trainer.metrics import JsonlLogger, MetricsServer, StepMetrics
 
     spec = r.ctx.spec
     r.logger = JsonlLogger(r.ctx.run_dir / "metrics.jsonl")
-    r.server = MetricsServer(spec.output.metrics_port)
-    port = getattr(r.server, "port", None)
-    if port is not None:
-        (r.ctx.run_dir / "metrics_port").write_text(f"{port}\n")
+    r.metrics = StepMetrics(job=r.ctx.job_name)
+    in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    r.server = MetricsServer(
+        spec.output.metrics_port, host="0.0.0.0" if in_pod else "127.0.0.1", metrics=r.metrics
+    )
+    (r.ctx.run_dir / "metrics_port").write_text(f"{r.server.port}\n")
     if spec.output.progress:
         from tqdm import tqdm
 
@@ -456,10 +456,8 @@ def teardown(r: Run) -> None:
     if r.progress is not None:
         r.progress.close()
     if r.server is not None:
-        stop = getattr(r.server, "stop", None) or getattr(r.server, "close", None)
-        if stop:
-            stop()
-    if r.logger is not None and hasattr(r.logger, "close"):
+        r.server.stop()
+    if r.logger is not None:
         r.logger.close()
     for g in r.groups:
         g.shutdown()

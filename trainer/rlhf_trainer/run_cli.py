@@ -106,11 +106,22 @@ def _run(
             ray_address=ray_address,
             on_status=on_status,
         )
-    except (controller.RunError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted; the next `rlhf run` resumes from the latest checkpoint", file=sys.stderr)
+        return 130
+    except Exception as err:  # one readable line; -v shows the traceback
+        logging.getLogger(__name__).info("run failed", exc_info=True)
+        print(f"error: {_first_line(err)}", file=sys.stderr)
         return 1
     print("\n".join(summary.lines()))
     return 0
+
+
+def _first_line(err: BaseException) -> str:
+    """The message of the exception a Ray worker raised (the cause), without Ray's wrapping."""
+    cause = getattr(err, "cause", None) or err
+    text = str(cause).strip() or type(cause).__name__
+    return text if len(text) < 2000 else text[:2000] + " ..."
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -159,7 +170,7 @@ class StatusReporter:
 
     def progress(self, done: int, total: int, metrics: dict[str, float]) -> dict[str, Any]:
         """The `status.progress` object for `done` of `total` steps."""
-        keep = ("reward/mean", "actor/kl", "time/step", "perf/samples_per_second", "policy/version")
+        keep = ("reward/mean", "actor/kl", "timing/step", "perf/samples_per_second", "actor/policy_version")
         return {
             "status": {
                 "progress": {

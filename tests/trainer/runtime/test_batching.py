@@ -18,7 +18,9 @@ def _batch(rows: int, t: int = 5, pairs: bool = False, seed: int = 0) -> dict[st
     return out
 
 
-@pytest.mark.parametrize("rows,world,micro,mini", [(8, 1, 3, 0), (8, 2, 2, 4), (9, 2, 2, 0), (12, 3, 1, 6), (7, 2, 8, 0)])
+@pytest.mark.parametrize(
+    "rows,world,micro,mini", [(8, 1, 3, 0), (8, 2, 2, 4), (9, 2, 2, 0), (12, 3, 1, 6), (7, 2, 8, 0)]
+)
 def test_every_rank_runs_the_same_number_of_micro_batches_and_every_row_once(rows, world, micro, mini):
     batch = _batch(rows)
     steps = batching.minibatches(batch, mini, epochs=2, generator=torch.Generator().manual_seed(0))

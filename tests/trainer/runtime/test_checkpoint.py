@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 import torch
 
 from rlhf_trainer import checkpoint
@@ -31,10 +32,8 @@ def test_failed_write_leaves_no_checkpoint(tmp_path):
     def boom(_: Path) -> None:
         raise RuntimeError("disk full")
 
-    try:
+    with pytest.raises(RuntimeError, match="disk full"):
         checkpoint.save(tmp_path, 2, {}, boom, keep=1)
-    except RuntimeError:
-        pass
     assert checkpoint.latest(tmp_path) is None
     assert not list(tmp_path.iterdir())
 

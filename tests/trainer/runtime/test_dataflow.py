@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf_trainer.dataflow import ConditionalUpdateOperator, DataStream, FilterOperator, StepBatch, group_mean_at_least
+from rlhf_trainer.dataflow import (
+    ConditionalUpdateOperator,
+    DataStream,
+    FilterOperator,
+    StepBatch,
+    group_mean_at_least,
+)
 
 
 def _batch() -> StepBatch:
@@ -40,7 +46,9 @@ class Record:
 
 def test_stream_runs_operators_in_order_and_returns_metrics():
     sink = Record("sink")
-    stream = DataStream().add_operator(Source()).add_operator(FilterOperator(threshold=0.5)).add_operator(sink)
+    stream = (
+        DataStream().add_operator(Source()).add_operator(FilterOperator(threshold=0.5)).add_operator(sink)
+    )
     metrics = stream.step()
     assert sink.seen == [["p1", "p2", "p3"]]
     assert metrics["filter/filter_dropped"] == 3.0

@@ -42,8 +42,16 @@ def test_run_of_an_invalid_manifest_names_the_field(tmp_path, capsys):
 
 def test_status_progress_payload():
     reporter = StatusReporter(api=None, name="job", namespace="ns")
-    body = reporter.progress(3, 10, {"reward/mean": 0.5, "time/step": 1.25, "other": 1.0})
-    assert body == {"status": {"progress": {"step": 3, "totalSteps": 10, "metrics": {"reward_mean": "0.5", "time_step": "1.25"}}}}
+    body = reporter.progress(3, 10, {"reward/mean": 0.5, "timing/step": 1.25, "other": 1.0})
+    assert body == {
+        "status": {
+            "progress": {
+                "step": 3,
+                "totalSteps": 10,
+                "metrics": {"reward_mean": "0.5", "timing_step": "1.25"},
+            }
+        }
+    }
 
 
 def test_controller_outside_a_pod_reports_nothing(monkeypatch):

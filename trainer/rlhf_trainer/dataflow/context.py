@@ -46,10 +46,10 @@ class TrainerContext:
 
 @contextmanager
 def timed(metrics: dict[str, float], phase: str) -> Iterator[None]:
-    """Add the seconds spent in the block to `metrics["time/<phase>"]`."""
+    """Add the seconds spent in the block to `metrics["timing/<phase>"]` (the `rlhf_step_seconds` phases)."""
     start = time.perf_counter()
     try:
         yield
     finally:
-        key = f"time/{phase}"
+        key = f"timing/{phase}"
         metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - start

@@ -120,8 +120,8 @@ def score(ctx: TrainerContext, batch: StepBatch) -> StepBatch:
     scores = torch.cat([torch.as_tensor(r.scores, dtype=torch.float32) for r in results])
     valid = torch.cat([torch.as_tensor(r.valid, dtype=torch.bool) for r in results])
     errors = [e for r in results for e in (r.errors or [])]
-    for err in errors[:5]:
-        log.warning("step %d: reward failed: %s", ctx.step, err)
+    for err in errors[:5]:  # CombinedReward logs each one with its sample; say which step it was
+        log.warning("step %d: %s", ctx.step, err)
     batch["scores"] = torch.where(valid, scores, torch.zeros_like(scores))
     batch["reward_valid"] = valid
     ok = scores[valid]
@@ -211,7 +211,7 @@ def update_policy(ctx: TrainerContext, batch: StepBatch, algorithm: Any) -> Step
     algorithm.update_step(metrics)
     ctx.policy_version += 1
     batch.metrics.update(metrics)
-    batch.metrics["policy/version"] = float(ctx.policy_version)
+    batch.metrics["actor/policy_version"] = float(ctx.policy_version)
     return batch
 
 

@@ -9,6 +9,8 @@ from the largest shard, never into "as many as it needs".
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -18,10 +20,10 @@ def row_count(batch: dict[str, Tensor]) -> int:
     return int(batch["response_mask"].shape[0])
 
 
-def select_rows(batch: dict[str, object], rows: Tensor) -> dict[str, object]:
+def select_rows(batch: Mapping[str, Any], rows: Tensor) -> dict[str, Any]:
     """The sub-batch of `rows`: per-row tensors are indexed, scalars kept."""
-    n = row_count(batch)  # type: ignore[arg-type]
-    out: dict[str, object] = {}
+    n = int(batch["response_mask"].shape[0])
+    out: dict[str, Any] = {}
     for key, value in batch.items():
         if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == n:
             out[key] = value[rows]

@@ -56,7 +56,7 @@ class WorkerGroup:
         self.model_path = model_path
         self.distributed = distributed
         self.kwargs = kwargs
-        self.remote_cls = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(worker_cls)
+        self.remote_cls: Any = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(worker_cls)
         self.workers = [self._start(rank, replicas) for rank in range(replicas)]
         if start:
             WorkerGroup.start_all([self])

@@ -9,6 +9,7 @@ per-response-token quantities are read from positions `P - 1 .. P + T - 2`.
 from __future__ import annotations
 
 import math
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -143,14 +144,15 @@ def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
     """The unsharded state dict on CPU (a collective under FSDP: every rank calls it; rank 0 gets it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return typing.cast(dict[str, Tensor], state)
 
 
 def load_full_state_dict(model: nn.Module, state: dict[str, Tensor]) -> None:
     """Load an unsharded state dict given on every rank (a collective under FSDP)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+    set_model_state_dict(model, dict(state), options=StateDictOptions(full_state_dict=True))  # type: ignore[arg-type]
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -11,12 +11,9 @@ class RewardWorker(Worker):
     role = "reward"
 
     def setup(self) -> None:
-        try:
-            from rlhf_trainer.rewards import CombinedReward
-        except ImportError:  # TEMPORARY until rlhf_trainer.rewards lands
-            from rlhf_trainer.workers._standin import CombinedReward  # type: ignore[assignment]
+        from rlhf_trainer.rewards import CombinedReward
 
-        self.reward = CombinedReward.from_spec(self.spec.reward)
+        self.reward = CombinedReward.from_spec(self.spec.reward, device=str(self.device))
 
     def score(self, prompts: list[str], responses: list[str], columns: list[dict[str, Any]]) -> Any:
         """A `RewardResult` (scores, valid, errors, per_reward) for these samples."""
