@@ -368,7 +368,7 @@ class Cluster(Identity):
                 cluster._register_teardown()
             # kwokctl picks ports by probing for free ones; starting one cluster at a time on this
             # machine, until its components listen, keeps two test runs from picking the same.
-            with _start_lock():
+            with start_lock():
                 cluster._create(assets, timeout, options)
                 cluster.wait_ready(timeout)
             if pools is not None:
@@ -761,7 +761,8 @@ def kwokctl_config(assets: Path, options: dict[str, Any] | None = None) -> str:
 
 
 @contextlib.contextmanager
-def _start_lock() -> Iterator[None]:
+def start_lock() -> Iterator[None]:
+    """Held while a cluster starts (by every process using this harness on this machine)."""
     import fcntl
 
     path = Path(tempfile.gettempdir()) / "rlhf-cluster.start-lock"

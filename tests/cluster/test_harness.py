@@ -25,6 +25,7 @@ from harness import (
     load_pools,
     node_manifest,
     pinned_versions,
+    start_lock,
     use_existing_cluster,
     wait_for,
 )
@@ -318,10 +319,13 @@ def test_stop_leaves_no_process_port_or_directory():
     pids, ports, workdir = started.pids(), started.ports(), started.workdir
     assert len(pids) >= 5 and all(_alive(p) for p in pids)
     assert ports and not any(_port_free(p) for p in ports.values())
-    started.stop()
-    assert not [p for p in pids if _alive(p)]
-    assert workdir is not None and not workdir.exists()
-    assert all(_port_free(p) for p in ports.values())
+    # Holding the start lock keeps other test runs on this machine from starting a cluster on the
+    # ports just freed before they are checked.
+    with start_lock():
+        started.stop()
+        assert not [p for p in pids if _alive(p)]
+        assert workdir is not None and not workdir.exists()
+        assert all(_port_free(p) for p in ports.values())
 
 
 @pytest.mark.cluster
@@ -345,10 +349,11 @@ def test_a_killed_test_run_leaves_nothing_behind():
     finally:
         os.kill(child.pid, signal.SIGKILL)  # no atexit, no signal handler: only the watchdog is left
         child.wait()
-    wait_for(
-        lambda: not _alive(state["watchdog"]) and not Path(state["workdir"]).exists(),
-        timeout=90,
-        what="the watchdog to tear the cluster down",
-    )
-    assert not [p for p in state["pids"] if _alive(p)]
-    assert all(_port_free(p) for p in state["ports"].values())
+    with start_lock():
+        wait_for(
+            lambda: not _alive(state["watchdog"]) and not Path(state["workdir"]).exists(),
+            timeout=90,
+            what="the watchdog to tear the cluster down",
+        )
+        assert not [p for p in state["pids"] if _alive(p)]
+        assert all(_port_free(p) for p in state["ports"].values())
