@@ -208,11 +208,15 @@ def test_grpo_job_over_two_pools_end_to_end(
     cluster.complete_pod("grpo-controller", namespace, outcome="succeeded")
     status = api.wait_phase(name, "Succeeded")
     assert status["completionTime"]
-    events = cluster.kubectl(
-        "get", "events", "-n", namespace, f"--field-selector=involvedObject.name={name}", "-o", "json"
-    )
-    reasons = {e["reason"] for e in json.loads(events)["items"]}
-    assert {"PodsCreated", "Running", "Succeeded"} <= reasons, reasons
+
+    def reasons() -> set[str]:
+        events = cluster.kubectl(
+            "get", "events", "-n", namespace, f"--field-selector=involvedObject.name={name}", "-o", "json"
+        )
+        return {e["reason"] for e in json.loads(events)["items"]}
+
+    # Events are posted right after the status write they describe.
+    wait_for(lambda: {"PodsCreated", "Running", "Succeeded"} <= reasons(), timeout=30, what="Events")
 
     import kubernetes
 

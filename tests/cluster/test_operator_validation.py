@@ -165,7 +165,7 @@ def test_rollout_replicas_stay_mutable(cluster: Cluster, namespace: str) -> None
 
 def test_kubectl_explain_documents_the_fields(cluster: Cluster) -> None:
     out = cluster.kubectl("explain", "rltj.spec.roles.rollout")
-    assert "elastic between `minReplicas` and `maxReplicas`" in out
+    assert "Generation engines" in out
     assert "maxReplicas" in out and "Upper bound for autoscaling" in out
 
 
