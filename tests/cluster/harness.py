@@ -231,8 +231,10 @@ def wait_for(
 class Identity:
     """Someone the API server knows: a kubeconfig, and clients that use it."""
 
-    def __init__(self, kubeconfig: Path | str) -> None:
+    def __init__(self, kubeconfig: Path | str, kubectl_cache: Path | None = None) -> None:
         self.kubeconfig = Path(kubeconfig)
+        #: kubectl's discovery cache (--cache-dir); None: kubectl's default, ~/.kube/cache.
+        self.kubectl_cache = kubectl_cache
         self._shared_client: Any = None
 
     def api_client(self, pool_size: int = 32):
@@ -287,12 +289,13 @@ class Identity:
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120) -> str:
         """Runs kubectl with this kubeconfig; returns stdout, raises ClusterError when it fails and check."""
-        cmd = [kubectl_binary(), f"--kubeconfig={self.kubeconfig}", *args]
+        cmd = [kubectl_binary(), f"--kubeconfig={self.kubeconfig}"]
+        if self.kubectl_cache is not None:
+            cmd.append(f"--cache-dir={self.kubectl_cache}")
+        cmd += args
         res = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
         if check and res.returncode != 0:
-            raise ClusterError(
-                f"{' '.join(cmd[:1] + list(args))} failed ({res.returncode}): {res.stderr.strip()}"
-            )
+            raise ClusterError(f"kubectl {' '.join(args)} failed ({res.returncode}): {res.stderr.strip()}")
         return res.stdout
 
 
@@ -330,6 +333,8 @@ class Cluster(Identity):
         self._stopped = False
         self._scratch_dir: Path | None = None
         self._lock = threading.Lock()
+        # Per cluster, so that no ~/.kube/cache/discovery/127.0.0.1_<port> outlives it.
+        self.kubectl_cache = workdir / "kubectl-cache" if workdir else None
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -394,6 +399,7 @@ class Cluster(Identity):
         if not Path(path).exists():
             raise ClusterError(f"RLHF_USE_EXISTING_CLUSTER=1 but there is no kubeconfig at {path}")
         cluster = cls(path, owned=False)
+        cluster.kubectl_cache = cluster._scratch() / "kubectl-cache"
         cluster.wait_ready(30)
         return cluster
 
@@ -583,7 +589,7 @@ class Cluster(Identity):
         path = self._scratch() / f"sa-{namespace}-{name}.kubeconfig"
         path.write_text(yaml.safe_dump(config))
         path.chmod(0o600)
-        return Identity(path)
+        return Identity(path, kubectl_cache=self.kubectl_cache)
 
     # ---- nodes -----------------------------------------------------------------------------------
 
