@@ -47,7 +47,9 @@ log = logging.getLogger(__name__)
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 #: A minimal chat template so that `data.chatTemplate: true` works with bootstrapped tokenizers:
 #: message contents joined by newlines, no role markers (the tiny model never saw any).
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% if not loop.last %}\n{% endif %}{% endfor %}"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['content'] }}{% if not loop.last %}{{ '\\n' }}{% endif %}{% endfor %}"
+)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -58,13 +60,14 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def build_char_tokenizer() -> Any:
-    """A character-level `PreTrainedTokenizerFast` over printable ASCII (ids 0-3: pad, bos, eos, unk)."""
+    """A character-level `PreTrainedTokenizerFast` over newline and printable ASCII (ids 0-3: pad,
+    bos, eos, unk; anything else is unk)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {PAD: 0, BOS: 1, EOS: 2, UNK: 3}
-    for code in range(32, 127):
-        vocab[chr(code)] = len(vocab)
+    for char in ["\n", *map(chr, range(32, 127))]:
+        vocab[char] = len(vocab)
     core = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
     core.decoder = decoders.Fuse()  # join characters back without spaces

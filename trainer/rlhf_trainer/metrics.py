@@ -249,12 +249,17 @@ def to_jsonable(value: Any) -> Any:
 
 
 class JsonlLogger:
-    """Appends one JSON object per step to a file, flushed line by line (a crash loses at most one)."""
+    """Appends one JSON object per step to a file, flushed line by line (a crash loses at most one;
+    `read_jsonl` skips a line cut short)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh: TextIO | None = self.path.open("a", encoding="utf-8")
+        if _last_byte(self.path) not in (b"", b"\n"):
+            # A previous process died mid-line: end that line so the next record stays parseable.
+            self._fh.write("\n")
+            self._fh.flush()
 
     def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         record: dict[str, Any] = {}
@@ -277,6 +282,14 @@ class JsonlLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _last_byte(path: Path) -> bytes:
+    with path.open("rb") as fh:
+        if fh.seek(0, 2) == 0:
+            return b""
+        fh.seek(-1, 2)
+        return fh.read(1)
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

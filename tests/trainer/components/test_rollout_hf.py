@@ -54,8 +54,8 @@ def test_shapes_masks_and_padding(tiny_lm: tuple[Any, Any]) -> None:
         assert (batch.log_probs[r, n_alive:] == 0).all()
         assert (batch.log_probs[r, :n_alive] <= 0).all()
     assert batch.num_tokens == int(batch.response_mask.sum())
-    ids, mask = batch.sequences()
-    assert ids.shape == (b, p_len + batch.response_ids.shape[1]) and mask.shape == ids.shape
+    seq, seq_mask = batch.sequences()
+    assert seq.shape == (b, p_len + batch.response_ids.shape[1]) and seq_mask.shape == seq.shape
 
 
 def test_stops_each_row_at_eos(tiny_lm: tuple[Any, Any]) -> None:

@@ -1,0 +1,224 @@
+"""Rewards: function and class rewards by import path, weights, the reward-model scorer, and the
+error policy (a reward that raises or returns NaN is named with its sample, never a silent zero)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlhf_trainer.rewards import (
+    CombinedReward,
+    FunctionReward,
+    RewardCalculator,
+    RewardFailure,
+    RewardModelScorer,
+)
+from rlhf_trainer.rewards.builtin import arithmetic_exact, arithmetic_partial
+from rlhf_trainer.spec import RewardFunctionSpec, RewardModelSpec, RewardSpec
+
+PROMPTS = ["1+1=", "2+2=", "3+3=", "4+4="]
+RESPONSES = ["2", "5", "6.", "boom"]
+ANSWERS = ["2", "4", "6", "8"]
+
+
+class LengthBonus:
+    """A RewardCalculator class with constructor kwargs."""
+
+    def __init__(self, scale: float = 1.0):
+        self.scale = scale
+
+    def compute_reward(self, prompts: list[str], responses: list[str], **kw: Any) -> list[float]:
+        return [self.scale * len(r) for r in responses]
+
+
+def explode_on_boom(prompts: list[str], responses: list[str], **kw: Any) -> list[float]:
+    if any(r == "boom" for r in responses):
+        raise ValueError("cannot score 'boom'")
+    return [1.0] * len(responses)
+
+
+def nan_on_five(prompts: list[str], responses: list[str], **kw: Any) -> list[float]:
+    return [math.nan if r == "5" else 0.5 for r in responses]
+
+
+def inf_and_text(prompts: list[str], responses: list[str], **kw: Any) -> list[Any]:
+    return [math.inf, "high", 1.0, 2.0]
+
+
+def too_few(prompts: list[str], responses: list[str], **kw: Any) -> list[float]:
+    return [1.0] if len(responses) > 1 else [3.0]
+
+
+def only_answer(prompts: list[str], responses: list[str], answer: list[str]) -> list[float]:
+    return [float(r == a) for r, a in zip(responses, answer)]
+
+
+@pytest.fixture
+def reward_module(monkeypatch: pytest.MonkeyPatch) -> str:
+    """These test rewards importable as `rlhf_test_rewards:<name>`."""
+    mod = types.ModuleType("rlhf_test_rewards")
+    for obj in (LengthBonus, explode_on_boom, nan_on_five, inf_and_text, too_few, only_answer):
+        setattr(mod, obj.__name__, obj)
+    monkeypatch.setitem(sys.modules, "rlhf_test_rewards", mod)
+    return "rlhf_test_rewards"
+
+
+def _spec(paths: list[str], on_error: str = "skip", **kw: Any) -> RewardSpec:
+    return RewardSpec(functions=[RewardFunctionSpec(path=p) for p in paths], on_error=on_error, **kw)  # type: ignore[arg-type]
+
+
+def test_builtin_arithmetic_rewards() -> None:
+    assert arithmetic_exact(PROMPTS, RESPONSES, answer=ANSWERS) == [1.0, 0.0, 0.0, 0.0]
+    partial = arithmetic_partial(PROMPTS, RESPONSES, answer=ANSWERS)
+    assert partial[0] == 1.0 and partial[1] == pytest.approx(0.1 + 0.4 / 2) and partial[2:] == [0.0, 0.0]
+    with pytest.raises(ValueError, match="answer"):
+        arithmetic_exact(PROMPTS, RESPONSES)
+
+
+def test_function_and_class_rewards_by_import_path(reward_module: str) -> None:
+    fn = FunctionReward("rlhf_trainer.rewards.builtin:arithmetic_exact")
+    assert fn.name == "arithmetic_exact"
+    assert fn.compute_reward(PROMPTS, RESPONSES, answer=ANSWERS, other=[0] * 4) == [1.0, 0.0, 0.0, 0.0]
+    cls = FunctionReward(f"{reward_module}:LengthBonus", {"scale": 2.0})
+    assert isinstance(cls, RewardCalculator)
+    assert cls.compute_reward(PROMPTS, RESPONSES) == [2.0, 2.0, 4.0, 8.0]
+    # a function without **kwargs only receives the columns it names
+    strict = FunctionReward(f"{reward_module}:only_answer")
+    assert strict.compute_reward(PROMPTS, RESPONSES, answer=ANSWERS, unrelated=[1] * 4) == [
+        1.0,
+        0.0,
+        0.0,
+        0.0,
+    ]
+    with pytest.raises(ValueError, match="cannot import module 'no_such_module'"):
+        FunctionReward("no_such_module:f")
+    with pytest.raises(ValueError, match="has no attribute 'missing'"):
+        FunctionReward(f"{reward_module}:missing")
+
+
+def test_weighted_sum_and_per_reward_scores(reward_module: str) -> None:
+    spec = RewardSpec(
+        functions=[
+            RewardFunctionSpec(path="rlhf_trainer.rewards.builtin:arithmetic_exact", weight=2.0),
+            RewardFunctionSpec(path=f"{reward_module}:LengthBonus", weight=0.5, kwargs={"scale": 1.0}),
+        ]
+    )
+    result = CombinedReward.from_spec(spec).compute(PROMPTS, RESPONSES, {"answer": ANSWERS})
+    assert result.scores == [2.5, 0.5, 1.0, 2.0]
+    assert result.valid == [True] * 4 and result.errors == []
+    assert result.per_reward == {
+        "arithmetic_exact": [1.0, 0.0, 0.0, 0.0],
+        "LengthBonus": [1.0, 1.0, 2.0, 4.0],
+    }
+    # columns may also come one dict per sample (PromptItem.columns)
+    rows = CombinedReward.from_spec(spec).compute(PROMPTS, RESPONSES, [{"answer": a} for a in ANSWERS])
+    assert rows.scores == result.scores
+
+
+def test_a_raising_reward_is_retried_per_sample_and_skips_only_the_offender(reward_module: str) -> None:
+    combined = CombinedReward.from_spec(_spec([f"{reward_module}:explode_on_boom"], on_error="skip"))
+    result = combined.compute(PROMPTS, RESPONSES)
+    assert result.valid == [True, True, True, False]
+    assert result.scores[:3] == [1.0, 1.0, 1.0] and math.isnan(result.scores[3])
+    (err,) = result.errors
+    assert (err.index, err.prompt, err.response, err.reward_name) == (3, "4+4=", "boom", "explode_on_boom")
+    assert "ValueError: cannot score 'boom'" in err.message
+    assert result.mean() == 1.0 and result.num_valid == 3
+
+
+def test_nan_inf_and_non_numbers_are_errors(reward_module: str) -> None:
+    result = CombinedReward.from_spec(_spec([f"{reward_module}:nan_on_five"])).compute(PROMPTS, RESPONSES)
+    assert result.valid == [True, False, True, True]
+    assert [e.index for e in result.errors] == [1] and "nan" in result.errors[0].message
+    mixed = CombinedReward.from_spec(
+        _spec([f"{reward_module}:inf_and_text"], on_error="penalty", error_penalty=-3.0)
+    )
+    out = mixed.compute(PROMPTS, RESPONSES)
+    assert out.scores == [-3.0, -3.0, 1.0, 2.0] and out.valid == [True] * 4
+    assert [e.index for e in out.errors] == [0, 1]
+    assert "inf" in out.errors[0].message and "non-number 'high'" in out.errors[1].message
+
+
+def test_wrong_length_is_retried_per_sample(reward_module: str) -> None:
+    result = CombinedReward.from_spec(_spec([f"{reward_module}:too_few"])).compute(PROMPTS, RESPONSES)
+    assert result.scores == [3.0] * 4 and result.errors == []
+
+
+def test_policy_penalty(reward_module: str) -> None:
+    spec = _spec([f"{reward_module}:explode_on_boom"], on_error="penalty", error_penalty=-1.5)
+    result = CombinedReward.from_spec(spec).compute(PROMPTS, RESPONSES)
+    assert result.scores == [1.0, 1.0, 1.0, -1.5] and result.valid == [True] * 4 and len(result.errors) == 1
+
+
+def test_policy_fail_names_the_sample(reward_module: str) -> None:
+    combined = CombinedReward.from_spec(_spec([f"{reward_module}:explode_on_boom"], on_error="fail"))
+    with pytest.raises(
+        RewardFailure, match=r"'explode_on_boom' failed on sample 3 \(prompt '4\+4=', response 'boom'\)"
+    ) as exc:
+        combined.compute(PROMPTS, RESPONSES)
+    assert [e.index for e in exc.value.errors] == [3]
+
+
+def test_a_reward_that_fails_on_every_sample_is_never_a_silent_zero(reward_module: str) -> None:
+    result = CombinedReward.from_spec(_spec([f"{reward_module}:explode_on_boom"])).compute(["p"], ["boom"])
+    assert result.valid == [False] and math.isnan(result.scores[0]) and math.isnan(result.mean())
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        CombinedReward([])
+    with pytest.raises(ValueError, match="valid: skip, penalty, fail"):
+        CombinedReward([("a", 1.0, FunctionReward(arithmetic_exact))], on_error="ignore")
+    combined = CombinedReward([("a", 1.0, FunctionReward(arithmetic_exact))])
+    with pytest.raises(ValueError, match="2 prompts for 1 responses"):
+        combined.compute(["a", "b"], ["c"])
+    with pytest.raises(ValueError, match="column 'answer' has 1 values for 2 responses"):
+        combined.compute(["a", "b"], ["c", "d"], {"answer": ["1"]})
+
+
+@pytest.fixture(scope="module")
+def tiny_rm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from rlhf_trainer.bootstrap import build_char_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny-rm")
+    tok = build_char_tokenizer()
+    config = LlamaConfig(  # type: ignore[call-arg]
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForSequenceClassification(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_reward_model_scorer_on_a_tiny_saved_model(tiny_rm_dir: Path) -> None:
+    responses = ["2", "a longer response", "x", "4"]
+    one = RewardModelScorer(str(tiny_rm_dir), batch_size=1).compute_reward(PROMPTS, responses)
+    batched = RewardModelScorer(str(tiny_rm_dir), batch_size=3).compute_reward(PROMPTS, responses)
+    assert len(one) == 4 and all(math.isfinite(s) for s in one)
+    assert len(set(one)) > 1  # scores depend on the text
+    assert batched == pytest.approx(one, abs=1e-5)  # padding inside a batch does not change a score
+    spec = RewardSpec(
+        functions=[RewardFunctionSpec(path="rlhf_trainer.rewards.builtin:arithmetic_exact")],
+        model=RewardModelSpec(path=str(tiny_rm_dir), weight=0.5, batch_size=2),
+    )
+    result = CombinedReward.from_spec(spec).compute(PROMPTS, responses, {"answer": ANSWERS})
+    assert result.per_reward["reward_model"] == pytest.approx(one, abs=1e-5)
+    assert result.scores[0] == pytest.approx(1.0 + 0.5 * one[0], abs=1e-5)
+    with pytest.raises(ValueError, match="cannot be loaded"):
+        RewardModelScorer(str(tiny_rm_dir / "missing"))
