@@ -9,6 +9,7 @@ they mean the same as the `hf` engine's (`rollout.sampling`); vLLM versions with
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -71,9 +72,12 @@ class VLLMRolloutEngine:
             raise RuntimeError(
                 "rollout engine `vllm` needs the vllm package: pip install 'rlhf-operator[gpu]'"
             ) from err
+        # `collective_rpc` ships `_load_weights_on_worker` to the engine's worker processes by
+        # pickling it, which vLLM V1 allows only with this opt-in.
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         llm_kwargs: dict[str, Any] = {
-            "model": model_path,
-            "tokenizer": tokenizer_path or model_path,
+            "model": os.path.expanduser(model_path),
+            "tokenizer": os.path.expanduser(tokenizer_path or model_path),
             "dtype": dtype,
             "seed": kwargs.get("seed", 0),
             "tensor_parallel_size": tensor_parallel_size,
