@@ -93,8 +93,12 @@ def test_membership_1_3_2_rebuilds_group(tmp_path: Path) -> None:
     for gen in ("1", "2", "3"):
         for m in src[gen]["members"]:
             assert r[m][gen] == {"digest": src[gen]["digest"], "version": int(gen)}
-    assert r["r2"]["3"] == "out" and "1" not in r["r2"] or r["r2"]["1"] == "out"
-    assert all(src[g]["rebuild_s"] < 5 for g in ("1", "2", "3"))
+    assert r["r2"]["1"] == "out" and r["r2"]["3"] == "out"
+    # rebuild() is a rendezvous: its time includes waiting for the last member to arrive, so it
+    # is bounded by the group timeout, not by the cost of a gloo group (tens of ms).
+    assert all(src[g]["rebuild_s"] < 20 for g in ("1", "2", "3")), [
+        src[g]["rebuild_s"] for g in ("1", "2", "3")
+    ]
 
 
 @pytest.mark.slow
