@@ -132,13 +132,14 @@ def write_report(run_dir: str | Path) -> Path:
         ax.set_title(f"step {hist_step}")
         save(fig, "reward_hist.png", "Reward distribution (last step)")
 
-    phases = sorted(
-        {
+    # phases in the order the controller logged them (the order they run in)
+    phases = list(
+        dict.fromkeys(
             k[len("timing/") :]
             for r in records
             for k in r
             if k.startswith("timing/") and k != f"timing/{TOTAL_PHASE}"
-        }
+        )
     )
     if phases:
         steps = [float(r.get("step", i)) for i, r in enumerate(records)]
