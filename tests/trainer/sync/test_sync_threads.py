@@ -156,3 +156,23 @@ def test_rebuild_rejects_bad_membership() -> None:
     with pytest.raises(ValueError, match="generation must increase"):
         g.rebuild(["src"], 1)
     assert g.push([("x", torch.ones(2))], version=1).members == []
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_through_device_buffers() -> None:
+    """GPU: CUDA source tensors, device="cuda" bucket buffers, one receiver writing a CUDA model in
+    place and one collecting on the CPU (gloo moves CUDA tensors; NCCL needs 2 GPUs)."""
+    store = dist.HashStore()
+    src = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 8)).cuda().to(torch.bfloat16)
+    dst = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Linear(256, 8)).cuda().to(torch.bfloat16)
+    pgs = _threads(
+        *[lambda r=r: dist.ProcessGroupGloo(dist.PrefixStore("g/", store), r, 3) for r in range(3)]
+    )
+    cpu_rx = WeightReceiver()
+    _threads(
+        lambda: bucketed_broadcast(src.named_parameters(), pgs[0], 0, 4096, device="cuda"),
+        lambda: receive_broadcast(WeightReceiver(dst), pgs[1], 0, 4096, device="cuda"),
+        lambda: receive_broadcast(cpu_rx, pgs[2], 0, 4096, device="cuda"),
+    )
+    for (name, p), (_, q) in zip(src.named_parameters(), dst.named_parameters()):
+        assert torch.equal(p, q) and torch.equal(p.cpu(), cpu_rx.tensors[name]), name

@@ -135,21 +135,29 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def _send_header(
-    group: Group, src: int, metas: Sequence[TensorMeta], version: int, timeout: float | None
+    group: Group,
+    src: int,
+    metas: Sequence[TensorMeta],
+    version: int,
+    timeout: float | None,
+    device: torch.device,
 ) -> None:
     payload = json.dumps(
         {"version": version, "tensors": [[m.name, list(m.shape), m.dtype] for m in metas]}
     ).encode()
-    _bcast(group, torch.tensor([len(payload)], dtype=torch.int64), src, timeout).wait()
-    _bcast(group, torch.frombuffer(bytearray(payload), dtype=torch.uint8), src, timeout).wait()
+    _bcast(group, torch.tensor([len(payload)], dtype=torch.int64, device=device), src, timeout).wait()
+    body = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    _bcast(group, body, src, timeout).wait()
 
 
-def _recv_header(group: Group, src: int, timeout: float | None) -> tuple[list[TensorMeta], int]:
-    n = torch.zeros(1, dtype=torch.int64)
+def _recv_header(
+    group: Group, src: int, timeout: float | None, device: torch.device
+) -> tuple[list[TensorMeta], int]:
+    n = torch.zeros(1, dtype=torch.int64, device=device)
     _bcast(group, n, src, timeout).wait()
-    buf = torch.empty(int(n.item()), dtype=torch.uint8)
+    buf = torch.empty(int(n.item()), dtype=torch.uint8, device=device)
     _bcast(group, buf, src, timeout).wait()
-    d = json.loads(bytes(buf.numpy()).decode())
+    d = json.loads(bytes(buf.cpu().numpy()).decode())
     return [TensorMeta(name, tuple(shape), dt) for name, shape, dt in d["tensors"]], int(d["version"])
 
 
@@ -197,12 +205,15 @@ def bucketed_broadcast(
     transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
     metas: Sequence[TensorMeta] | None = None,
     max_inflight: int = DEFAULT_MAX_INFLIGHT,
+    device: torch.device | str = "cpu",
 ) -> SyncStats:
     """Send `named_tensors` (tensors or DTensors, not yet gathered) from rank `src` of `group`.
 
     Every other rank of the group calls `receive_broadcast` at the same time. `transform(name, t)`
     maps each materialized tensor to what is sent (a TP shard, a dtype cast); then `metas` must
-    describe the transformed tensors, in order. Returns the stream's `SyncStats`.
+    describe the transformed tensors, in order. `device` is where the group's collectives
+    operate (`cpu` for gloo, the rank's GPU for NCCL): bucket buffers live there, and tensors
+    elsewhere are copied through them. Returns the stream's `SyncStats`.
     """
     t0 = time.perf_counter()
     items = list(named_tensors)
@@ -213,7 +224,8 @@ def bucketed_broadcast(
     if len(metas) != len(items):
         raise ValueError(f"{len(metas)} metas for {len(items)} tensors")
     msgs = plan_messages([m.nbytes for m in metas], bucket_bytes)
-    _send_header(group, src, metas, version, timeout)
+    dev = torch.device(device)
+    _send_header(group, src, metas, version, timeout, dev)
 
     total = sum(m.nbytes for m in metas)
     stats = SyncStats(tensors=len(items), bytes=total, version=version, buckets=len(msgs))
@@ -231,7 +243,7 @@ def bucketed_broadcast(
     def acquire() -> torch.Tensor:
         nonlocal allocated
         if not free and allocated < 2:
-            free.append(torch.empty(buf_size, dtype=torch.uint8))
+            free.append(torch.empty(buf_size, dtype=torch.uint8, device=dev))
             allocated += 1
         while not free:
             retire_oldest()
@@ -260,7 +272,7 @@ def bucketed_broadcast(
                 raise ValueError(
                     f"tensor {name!r} is {TensorMeta.of(name, full)}, header said {metas[cur_i]}"
                 )
-            cur_in_place = not is_dtensor(t) and full.data_ptr() == t.data_ptr()
+            cur_in_place = not is_dtensor(t) and full.data_ptr() == t.data_ptr() and full.device == dev
             cur_held = 0 if cur_in_place else full.nbytes
             stats.largest_materialized_bytes = max(stats.largest_materialized_bytes, cur_held)
             cur_data = _as_bytes(full)
@@ -307,13 +319,15 @@ def receive_broadcast(
     timeout: float | None = None,
     on_bucket: Callable[[int], None] | None = None,
     max_inflight: int = DEFAULT_MAX_INFLIGHT,
+    device: torch.device | str = "cpu",
 ) -> SyncStats:
     """The receiving side of `bucketed_broadcast` (same `bucket_bytes`). Receives are posted up
     to `max_inflight` messages ahead (at most two of them into bucket buffers); a message holding one tensor's range is received straight into the sink's
     buffer for it (the model's own parameter when dtypes match), packed ones into one of two
     bucket buffers and scattered."""
     t0 = time.perf_counter()
-    metas, version = _recv_header(group, src, timeout)
+    dev = torch.device(device)
+    metas, version = _recv_header(group, src, timeout, dev)
     sizes = [m.nbytes for m in metas]
     total = sum(sizes)
     msgs = plan_messages(sizes, bucket_bytes)
@@ -343,17 +357,20 @@ def receive_broadcast(
             del dsts[ended]
             ended += 1
 
+    def direct(m: int) -> bool:  # one tensor's range, and the sink's buffer is on the group's device
+        return len(msgs[m]) == 1 and dst(msgs[m][0][0]).device == dev
+
     def can_post(m: int) -> bool:
-        return len(msgs[m]) == 1 or bool(free) or allocated < 2
+        return direct(m) or bool(free) or allocated < 2
 
     def post(m: int) -> tuple[Any, torch.Tensor | None]:
         nonlocal allocated
         msg = msgs[m]
-        if len(msg) == 1:
+        if direct(m):
             i, off, n = msg[0]
             return _bcast(group, dst(i)[off : off + n], src, timeout), None
         if not free:
-            free.append(torch.empty(buf_size, dtype=torch.uint8))
+            free.append(torch.empty(buf_size, dtype=torch.uint8, device=dev))
             allocated += 1
         buf = free.pop()
         return _bcast(group, buf[: sum(n for _, _, n in msg)], src, timeout), buf
@@ -408,7 +425,9 @@ class WeightReceiver:
         *,
         targets: dict[str, torch.Tensor] | None = None,
         strict: bool = True,
+        device: torch.device | str = "cpu",
     ):
+        self.device = torch.device(device)  # where collected (model-less) tensors are kept
         self.targets = targets
         if model is not None:
             self.targets = {**dict(model.named_parameters()), **dict(model.named_buffers())}
@@ -419,7 +438,7 @@ class WeightReceiver:
 
     def begin(self, meta: TensorMeta) -> torch.Tensor:
         if self.targets is None:
-            return torch.empty(meta.nbytes, dtype=torch.uint8)
+            return torch.empty(meta.nbytes, dtype=torch.uint8, device=self.device)
         target = self.targets.get(meta.name)
         if target is None:
             if self.strict:
@@ -429,9 +448,9 @@ class WeightReceiver:
             raise ValueError(
                 f"tensor {meta.name!r}: model has shape {tuple(target.shape)}, stream {meta.shape}"
             )
-        if target.dtype == meta.torch_dtype and target.is_contiguous() and target.device.type == "cpu":
+        if target.dtype == meta.torch_dtype and target.is_contiguous():
             return _as_bytes(target.data)
-        return torch.empty(meta.nbytes, dtype=torch.uint8)
+        return torch.empty(meta.nbytes, dtype=torch.uint8, device=target.device)
 
     def end(self, meta: TensorMeta, data: torch.Tensor) -> None:
         self.received.append(meta.name)

@@ -9,7 +9,8 @@ per-generation prefix of one long-lived `TCPStore` (hosted by the sync source, a
 No default process group is involved, so the actor's own training group (FSDP2) is untouched, a
 process can be in several sync groups at once (one per TP channel, see below), and an old group is
 simply dropped. Constructing one costs tens of milliseconds on one host (measured: 2-70 ms for 2-3
-members). The NCCL variant is the same with `ProcessGroupNCCL`. (torch >= 2.8 also has
+members). `backend="nccl"` builds a `ProcessGroupNCCL` the same way, with the buckets on the
+rank's GPU (`device`) — written but not yet run on a GPU: none was lent so far. (torch >= 2.8 also has
 `Backend.shrink`/`reconfigure` on some backends; a fresh group works on every version and backend.)
 
 One sync (`push` on the source, `receive` on every other member) is confirmed, not hoped for:
@@ -42,7 +43,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -100,6 +101,8 @@ class SyncGroup:
         hostname: str | None = None,
         max_attempts: int = 3,
         poll_seconds: float = 0.005,
+        backend: Literal["gloo", "nccl"] = "gloo",
+        device: torch.device | str | None = None,
     ):
         self.store = store
         self.me = me
@@ -116,6 +119,12 @@ class SyncGroup:
         self._pg: Any = None
         self._connect_error: BaseException | None = None
         self.rebuild_seconds = 0.0
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be gloo or nccl, got {backend!r}")
+        self.backend = backend
+        if device is None:
+            device = f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
+        self.device = torch.device(device)
 
     # -- membership -----------------------------------------------------------------------------
 
@@ -151,7 +160,11 @@ class SyncGroup:
         t0 = time.perf_counter()
         store = dist.PrefixStore(self._base() + "/pg/", self.store)
         try:
-            if self.hostname is not None:
+            if self.backend == "nccl":
+                nccl_opts = dist.ProcessGroupNCCL.Options()
+                nccl_opts._timeout = timedelta(seconds=self.timeout)
+                self._pg = dist.ProcessGroupNCCL(store, self.rank, len(self.members), nccl_opts)
+            elif self.hostname is not None:
                 opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
                 opts._timeout = timedelta(seconds=self.timeout)
                 opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self.hostname)]
@@ -207,7 +220,7 @@ class SyncGroup:
                 try:
                     stats = bucketed_broadcast(
                         items, self._pg, 0, self.bucket_bytes, version=version,
-                        timeout=self.timeout, transform=transform, metas=metas,
+                        timeout=self.timeout, transform=transform, metas=metas, device=self.device,
                     )  # fmt: skip
                 except Exception as e:
                     err = e
@@ -248,7 +261,9 @@ class SyncGroup:
                     self._wait_key(base + "/start")
                     if self.store.get(base + "/start") != b"go":
                         raise SyncError(f"the source could not connect at {base}")
-                    stats = receive_broadcast(sink, self._pg, 0, self.bucket_bytes, timeout=self.timeout)
+                    stats = receive_broadcast(
+                        sink, self._pg, 0, self.bucket_bytes, timeout=self.timeout, device=self.device
+                    )
                 except Exception as e:
                     err = e
             self.store.set(f"{base}/ack/{self.me}", "ok" if err is None else "error")
