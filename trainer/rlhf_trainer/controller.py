@@ -68,17 +68,23 @@ class Summary:
     wall_seconds: float
     run_dir: Path
     report: Path | None = None
+    first_window: float = float("nan")
+    """Mean reward over the first `WINDOW` steps run (single steps are noisy)."""
+    last_window: float = float("nan")
+
+    WINDOW = 10
 
     def lines(self) -> list[str]:
+        w = min(self.WINDOW, self.steps)
         out = [
-            f"steps run        {self.steps}",
-            f"first mean reward {self.first_reward:.3f}",
-            f"last mean reward  {self.last_reward:.3f}",
-            f"wall time         {self.wall_seconds:.1f}s",
-            f"run directory     {self.run_dir}",
+            f"steps run          {self.steps}",
+            f"first mean reward  {self.first_reward:.3f}   (first {w} steps: {self.first_window:.3f})",
+            f"last mean reward   {self.last_reward:.3f}   (last {w} steps: {self.last_window:.3f})",
+            f"wall time          {self.wall_seconds:.1f}s",
+            f"run directory      {self.run_dir}",
         ]
         if self.report:
-            out.append(f"report            {self.report}")
+            out.append(f"report             {self.report}")
         return out
 
 
@@ -128,7 +134,8 @@ def log_step(r: Run, step: int, metrics: dict[str, Any]) -> None:
     metrics["rollout/wait_seconds"] = metrics.get("timing/rollout", 0.0)
     metrics["data/prompts_consumed"] = float(ctx.dataset.consumed)
     metrics["total_steps"] = float(ctx.spec.training.steps)
-    scores = r.stream.last_batch["scores"].tolist() if r.stream.last_batch is not None else []
+    last = r.stream.last_batch
+    scores = last.tensors["scores"].tolist() if last is not None and "scores" in last else []
     r.history.append({"step": step, **metrics})
     r.logger.log({**metrics, "reward/scores": scores}, step=step)
     r.metrics.record(step, metrics)
@@ -171,10 +178,13 @@ def finish(r: Run, wall: float) -> Summary:
     report_path = None
     if r.ctx.spec.output.report:
         report_path = write_report(r.ctx.run_dir)
+    w = Summary.WINDOW
     return Summary(
         steps=len(r.history),
         first_reward=rewards[0] if rewards else float("nan"),
         last_reward=rewards[-1] if rewards else float("nan"),
+        first_window=sum(rewards[:w]) / len(rewards[:w]) if rewards else float("nan"),
+        last_window=sum(rewards[-w:]) / len(rewards[-w:]) if rewards else float("nan"),
         wall_seconds=wall,
         run_dir=r.ctx.run_dir,
         report=report_path,
@@ -317,7 +327,14 @@ def start_ray(address: str | None = None) -> bool:
     if ray.is_initialized():
         return False
     path = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p)
-    env = {"PYTHONPATH": path, "RLHF_TORCH_THREADS": os.environ.get("RLHF_TORCH_THREADS", "1")}
+    env = {
+        "PYTHONPATH": path,
+        "RLHF_TORCH_THREADS": os.environ.get("RLHF_TORCH_THREADS", "1"),
+        # Workers load models quietly: one progress bar per worker and step is noise on the console.
+        "TRANSFORMERS_VERBOSITY": os.environ.get("TRANSFORMERS_VERBOSITY", "error"),
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "TQDM_DISABLE": "1",
+    }
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, runtime_env={"env_vars": env}, log_to_driver=True)
@@ -420,12 +437,10 @@ def truncate_log(path: Path, first_step: int) -> None:
     """Drop log records of steps at or after `first_step` (written after the checkpoint we resume)."""
     if not path.is_file():
         return
-    kept = [
-        line
-        for line in path.read_text().splitlines()
-        if line.strip() and json.loads(line).get("step", 0) < first_step
-    ]
-    path.write_text("".join(line + "\n" for line in kept))
+    from rlhf_trainer.metrics import read_jsonl
+
+    kept = [r for r in read_jsonl(path) if r.get("step", 0) < first_step]  # a torn last line is dropped
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
 
 def start_logging(r: Run, on_status: StatusCallback | None) -> None:

@@ -47,3 +47,20 @@ def test_ppo_fsdp2_disaggregated_improves(tiny_model, ray_session, tmp_path):
     assert rows[-1]["actor/policy_version"] == 8 * 1.0
     assert rows[-1]["actor/optimizer_steps"] == 4  # 2 epochs x (32 samples / mini-batch 16)
     assert summary.last_reward == rows[-1]["reward/mean"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_colocated_two_actor_ranks_hybrid_engine(tiny_model, ray_session, tmp_path):
+    """Colocated with FSDP2: each actor rank samples from an unsharded copy refreshed after every update."""
+    from rlhf_trainer.controller import run
+
+    job = make_job(
+        "grpo-colocated-fsdp",
+        training={"steps": 2, "promptsPerStep": 4, "microBatchSize": 4},
+        roles={"placement": "colocated", "actor": {"replicas": 2}},
+    )
+    run(job, run_dir=tmp_path)
+    rows = read_metrics(tmp_path)
+    assert [r["actor/policy_version"] for r in rows] == [1.0, 2.0]
+    assert all(r["rollout/samples"] == 16 and r["rollout/policy_version_lag"] == 0 for r in rows)

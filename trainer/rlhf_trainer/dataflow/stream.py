@@ -125,7 +125,11 @@ class ConditionalUpdateOperator:
             part = batch.select(rows)
             part.metrics = {}
             done = stream.run(part)
-            batch.metrics.update({f"{name}/{k}": v for k, v in done.metrics.items()})
+            for key, value in done.metrics.items():
+                if key.startswith("timing/"):  # phases add up across branches: step time stays whole
+                    batch.metrics[key] = batch.metrics.get(key, 0.0) + value
+                else:
+                    batch.metrics[f"{name}/{key}"] = value
         return batch
 
     def algorithms(self) -> list[Any]:
