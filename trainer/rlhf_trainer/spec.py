@@ -449,7 +449,10 @@ class JobSpec:
 
     # The CRD's counterparts of `validate` (the API server enforces them; messages name the field).
     CEL_RULES: ClassVar[list[tuple[str, str]]] = [
-        ("self.roles.actor.replicas >= 1", "spec.roles.actor.replicas must be >= 1 (the actor trains the policy)"),
+        (
+            "self.roles.actor.replicas >= 1",
+            "spec.roles.actor.replicas must be >= 1 (the actor trains the policy)",
+        ),
         (
             "self.nodePools.all(p, self.nodePools.exists_one(q, q.name == p.name))",
             "spec.nodePools: names must be unique",
