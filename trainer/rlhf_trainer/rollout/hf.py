@@ -89,7 +89,7 @@ class HFRolloutEngine:
         self.top_k = top_k
         self.eos_ids = set(eos_token_ids) if eos_token_ids is not None else eos_token_ids_of(model, tokenizer)
         pad = getattr(tokenizer, "pad_token_id", None)
-        self.pad_token_id = int(pad if pad is not None else min(self.eos_ids))
+        self.pad_token_id = int(pad if pad is not None else min(self.eos_ids, default=0))
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device)
         self.set_seed(seed)
