@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -58,7 +59,7 @@ def test_optimizer_state_flattens_and_restores():
     opt.step()
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    state = get_optimizer_state_dict(model, opt)
+    state: Any = get_optimizer_state_dict(model, opt)
     tensors, meta = flatten_optimizer_state(state)
     back = unflatten_optimizer_state(tensors, meta)
     for name, entries in state["state"].items():

@@ -55,3 +55,28 @@ def test_example_runs(name, tiny_model, ray_session, tmp_path):
     assert [r["step"] for r in rows] == [0, 1]
     assert summary.steps == 2
     assert all(r["actor/policy_version"] >= 1 for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_custom_pipeline_with_conditional_update(tiny_model, ray_session, tmp_path):
+    """`spec.pipeline` replaces the standard stream; the roles follow its algorithms (PPO: a critic)."""
+    from rlhf_trainer.controller import run
+
+    from .conftest import make_job
+
+    job = make_job(
+        "pipeline",
+        pipeline="runtime_pipelines:build",
+        reward={"functions": [{"path": "rlhf_trainer.rewards.builtin:arithmetic_partial"}]},
+        rollout={"samplesPerPrompt": 2, "maxNewTokens": 4},
+        training={"steps": 2, "promptsPerStep": 8, "microBatchSize": 16},
+    )
+    run(job, run_dir=tmp_path)
+    rows = read_metrics(tmp_path)
+    assert len(rows) == 2
+    for r in rows:
+        assert r["true/samples"] + r["false/samples"] == 16
+        routed = [b for b in ("true", "false") if r[f"{b}/samples"] > 0]
+        assert all(f"{b}/actor/loss" in r for b in routed)
+    assert any("true/critic/loss" in r for r in rows) or all(r["true/samples"] == 0 for r in rows)
