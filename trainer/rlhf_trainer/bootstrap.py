@@ -157,6 +157,9 @@ class Recipe:
     """`rows(n, seed)`: prompt-file rows (`prompt` plus reward columns)."""
     reward: str
     """Import path of the matching reward function."""
+    version: int = 1
+    """Bumped whenever `build` or `rows` change what they produce: a model directory or prompt file
+    made by an older version of the recipe is rebuilt (never a directory the recipe did not make)."""
 
 
 def _build_tiny_arithmetic(path: Path, seed: int) -> dict[str, Any]:
@@ -175,6 +178,8 @@ RECIPES: dict[str, Recipe] = {
         build=_build_tiny_arithmetic,
         rows=lambda n, seed: ArithmeticTask().rows(n, seed),
         reward="rlhf_trainer.rewards.builtin:arithmetic_exact",
+        # 2: operands 0-9, warm-up on answers with a stray "." (1 and unversioned: 0-19, plain warm-up)
+        version=2,
     ),
 }
 
@@ -313,44 +318,81 @@ def _looks_like_hub_id(path: str) -> bool:
     return bool(_HUB_ID.match(path)) and not path.startswith((".", "/", "~"))
 
 
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _is_stale(made_by: dict[str, Any] | None, recipe: Recipe) -> bool:
+    """True when `made_by` (a bootstrap.json) says an older version of this recipe made the thing."""
+    return (
+        made_by is not None
+        and made_by.get("recipe") == recipe.name
+        and made_by.get("version") != recipe.version
+    )
+
+
 def ensure_model(model_spec: Any) -> None:
     """Make sure `model_spec.path` exists, creating it from `model_spec.bootstrap` if needed.
 
     Without a bootstrap recipe, a missing local path is an error naming it (a `org/name` hub id
-    is left to the loader). Safe to call from several processes at once.
+    is left to the loader). A directory that an older version of the same recipe made (its
+    `bootstrap.json` says so) is rebuilt and swapped in; any other existing directory is used as
+    it is. Safe to call from several processes at once.
     """
     path = Path(model_spec.path).expanduser()
-    if path.exists():
+    recipe = get_recipe(model_spec.bootstrap) if model_spec.bootstrap else None
+    if path.exists() and (recipe is None or not _is_stale(_read_json(path / "bootstrap.json"), recipe)):
         return
-    if not model_spec.bootstrap:
+    if recipe is None:
         if _looks_like_hub_id(model_spec.path):
             return
         raise FileNotFoundError(
             f"model.path {model_spec.path!r} does not exist; give a local model directory, or set "
             f"model.bootstrap to one of {', '.join(sorted(RECIPES))} to create a tiny model there"
         )
-    recipe = get_recipe(model_spec.bootstrap)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _file_lock(path):
-        if path.exists():  # another process built it while we waited for the lock
+        stale = path.exists() and _is_stale(_read_json(path / "bootstrap.json"), recipe)
+        if path.exists() and not stale:  # another process built it while we waited for the lock
             return
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
         try:
-            log.info("bootstrapping model %s with recipe %s", path, recipe.name)
+            log.info(
+                "%s model %s with recipe %s v%d",
+                "rebuilding stale" if stale else "bootstrapping",
+                path,
+                recipe.name,
+                recipe.version,
+            )
             with torch_threads(1):
                 facts = recipe.build(tmp, 0)
-            (tmp / "bootstrap.json").write_text(
-                json.dumps({"recipe": recipe.name, "reward": recipe.reward, **facts}, indent=2) + "\n"
-            )
-            os.rename(tmp, path)
+            made_by = {"recipe": recipe.name, "version": recipe.version, "reward": recipe.reward, **facts}
+            (tmp / "bootstrap.json").write_text(json.dumps(made_by, indent=2) + "\n")
+            if stale:
+                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+                os.rename(path, old / "model")
+                os.rename(tmp, path)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
 
+def _prompts_stamp(out: Path) -> Path:
+    return out.parent / f".{out.name}.bootstrap.json"
+
+
 def write_prompts(recipe: str, path: str | Path, n: int, seed: int = 0) -> Path:
-    """Write `n` prompt rows of `recipe` as JSONL (`prompt` and `answer` columns), atomically."""
-    rows = get_recipe(recipe).rows(n, seed)
+    """Write `n` prompt rows of `recipe` as JSONL (`prompt` and `answer` columns), atomically, with a
+    hidden `.<name>.bootstrap.json` beside it recording the recipe version."""
+    r = get_recipe(recipe)
+    rows = r.rows(n, seed)
     out = Path(path).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
@@ -358,17 +400,22 @@ def write_prompts(recipe: str, path: str | Path, n: int, seed: int = 0) -> Path:
         for row in rows:
             fh.write(json.dumps(row) + "\n")
     os.replace(tmp, out)
+    _prompts_stamp(out).write_text(
+        json.dumps({"recipe": r.name, "version": r.version, "n": n, "seed": seed}) + "\n"
+    )
     return out
 
 
 def ensure_prompts(recipe: str, path: str | Path, n: int, seed: int = 0) -> Path:
-    """`write_prompts` unless the file already exists (locked like `ensure_model`)."""
+    """`write_prompts` unless the file exists (and was not written by an older version of the
+    recipe); locked like `ensure_model`."""
+    r = get_recipe(recipe)
     out = Path(path).expanduser()
-    if out.exists():
+    if out.exists() and not _is_stale(_read_json(_prompts_stamp(out)), r):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with _file_lock(out):
-        if not out.exists():
+        if not out.exists() or _is_stale(_read_json(_prompts_stamp(out)), r):
             write_prompts(recipe, out, n, seed)
     return out
 

@@ -55,7 +55,7 @@ def test_write_prompts_is_seeded_and_matches_the_reward(tmp_path: Path) -> None:
     assert ensure_prompts("tiny-arithmetic", path, 5).read_text() == path.read_text()  # kept when present
 
 
-def _slow_recipe(counter: Path) -> Recipe:
+def _slow_recipe(counter: Path, version: int = 1) -> Recipe:
     def build(path: Path, seed: int) -> dict[str, Any]:
         with counter.open("a") as fh:
             fh.write("built\n")
@@ -63,7 +63,8 @@ def _slow_recipe(counter: Path) -> Recipe:
         (path / "config.json").write_text("{}")
         return {"seed": seed}
 
-    return Recipe(name="test-slow", build=build, rows=lambda n, seed: [], reward="x:y")
+    rows = lambda n, seed: [{"prompt": f"v{version}", "answer": "0"}] * n  # noqa: E731
+    return Recipe(name="test-slow", build=build, rows=rows, reward="x:y", version=version)
 
 
 def _ensure(path: str) -> None:
@@ -88,6 +89,34 @@ def test_ensure_model_builds_once_under_concurrency(tmp_path: Path, monkeypatch:
     assert [p.name for p in target.parent.iterdir() if ".tmp-" in p.name] == []  # no temp dir left
     _ensure(str(target))  # idempotent
     assert counter.read_text() == "built\n"
+
+
+def test_a_model_or_prompt_file_from_an_older_recipe_version_is_rebuilt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counter = tmp_path / "builds.txt"
+    target = tmp_path / "m"
+    monkeypatch.setitem(RECIPES, "test-slow", _slow_recipe(counter, version=1))
+    _ensure(str(target))
+    prompts = ensure_prompts("test-slow", tmp_path / "p.jsonl", 2)
+    assert json.loads(prompts.read_text().splitlines()[0])["prompt"] == "v1"
+    monkeypatch.setitem(RECIPES, "test-slow", _slow_recipe(counter, version=2))
+    _ensure(str(target))
+    assert counter.read_text() == "built\nbuilt\n"
+    assert json.loads((target / "bootstrap.json").read_text())["version"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".m.")) == [
+        ".m.lock"
+    ]  # old copy gone
+    _ensure(str(target))  # current: kept
+    assert counter.read_text() == "built\nbuilt\n"
+    assert json.loads(ensure_prompts("test-slow", prompts, 2).read_text().splitlines()[0])["prompt"] == "v2"
+    # files the recipe did not make are never replaced
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text('{"prompt": "user"}\n')
+    assert ensure_prompts("test-slow", mine, 2).read_text() == '{"prompt": "user"}\n'
+    (tmp_path / "own-model").mkdir()
+    ensure_model(SimpleNamespace(path=str(tmp_path / "own-model"), bootstrap="test-slow"))
+    assert list((tmp_path / "own-model").iterdir()) == []
 
 
 def test_a_failed_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
