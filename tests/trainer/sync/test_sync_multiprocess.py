@@ -103,7 +103,7 @@ def test_membership_1_3_2_rebuilds_group(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_receiver_killed_mid_sync_is_dropped(tmp_path: Path) -> None:
-    timeout = 4.0
+    timeout = 8.0  # generous: this machine is shared, and a stall longer than it drops a live member
     r = _run(sync_procs.kill_mid_sync, 4, tmp_path, timeout, allow_exit=frozenset({2}))
     src = r["src"]
     # Attempt 1 fails (r2 gone); r2 gets no ack in, so attempt 2 runs without it. (If the others'
@@ -112,8 +112,9 @@ def test_receiver_killed_mid_sync_is_dropped(tmp_path: Path) -> None:
     for m in ("r1", "r3"):
         assert r[m]["digest"] == src["digest"]
     assert "r2" not in r
-    # The dead replica costs the others about one timeout (ack wait), plus the re-send.
-    assert src["seconds"] < 3 * timeout + 10, src["seconds"]
+    # The dead replica costs the others at most about three timeouts (gloo timeout, ack wait,
+    # failed rendezvous of the epoch that still lists it), plus the re-send.
+    assert src["seconds"] < 4 * timeout + 10, src["seconds"]
 
 
 @pytest.mark.slow

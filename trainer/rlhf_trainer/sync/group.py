@@ -20,11 +20,12 @@ One sync (`push` on the source, `receive` on every other member) is confirmed, n
    stalled transfer by the gloo timeout), then receives;
 2. each receiver writes `ack/<member>` = ok | error into the store (whether its stream succeeded
    or failed, e.g. because a peer died and gloo raised or timed out);
-3. the source waits up to `timeout` for the acks. All ok and its own stream ok: it writes
+3. the source waits up to `2 x timeout` for the acks (a receiver may be blocked in a gloo
+   operation for one timeout before it can ack). All ok and its own stream ok: it writes
    `outcome = ok` and the sync is done. Otherwise a member with no ack is declared dead and
    dropped; the survivors are told (`outcome = {members, epoch}`) to build the next *epoch* of the
    group among themselves, and the stream is repeated — so a replica that dies mid-sync delays the
-   others by about one `timeout` and the sync completes for everyone alive.
+   others by about one `timeout` (at most two) and the sync completes for everyone alive.
 
 `PushResult.dropped` names the dropped members, for the controller to requeue their prompts
 (`PromptQueue.requeue_replica`) and to ask the operator for a replacement.
@@ -282,7 +283,9 @@ class SyncGroup:
             self._connect()
 
     def _wait_acks(self, base: str, receivers: list[str]) -> dict[str, str]:
-        deadline = time.monotonic() + self.timeout
+        # A receiver can sit in a gloo operation for up to one timeout after the source's own
+        # operation failed (its peer died mid-tree), and only then acks: wait twice that.
+        deadline = time.monotonic() + 2 * self.timeout
         acks: dict[str, str] = {}
         while True:
             for m in receivers:
@@ -297,7 +300,7 @@ class SyncGroup:
         """Wait until one of `keys` is in the store; returns it. The source decides within its
         stream time plus one timeout for the acks; a receiver whose source is gone gives up after
         a generous multiple of that."""
-        limit = 3 * self.timeout + 10
+        limit = 4 * self.timeout + 10
         deadline = time.monotonic() + limit
         while True:
             for k in keys:
