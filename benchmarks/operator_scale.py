@@ -124,7 +124,6 @@ def operator_run(cluster: Cluster, jobs: list[dict[str, Any]], workers: int, log
             str(ROOT / "charts" / "rlhf-operator"),
             "--namespace",
             "rlhf-system",
-            "--include-crds",
             "-f",
             str(ROOT / "charts" / "rlhf-operator" / "ci" / "test-values.yaml"),
         ],
@@ -133,8 +132,17 @@ def operator_run(cluster: Cluster, jobs: list[dict[str, Any]], workers: int, log
         check=True,
     ).stdout
     cluster.kubectl("create", "namespace", "rlhf-system", check=False)
+    cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "charts" / "rlhf-operator" / "crds")
+    )
+    jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
+    for crd in ("rltrainingjobs.rlhf.dev", "clusterkopfpeerings.kopf.dev"):
+        wait_for(
+            lambda c=crd: cluster.kubectl("get", "crd", c, "-o", f"jsonpath={jsonpath}") == "True",
+            timeout=60,
+            what=f"CRD {crd} established",
+        )
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=render)
-    cluster.kubectl("wait", "--for=condition=Established", "crd/rltrainingjobs.rlhf.dev", "--timeout=60s")
     sa = cluster.as_service_account("rlhf-system", "rlhf-operator")
     ns = "bench-operator"
     create_namespace(cluster, ns)

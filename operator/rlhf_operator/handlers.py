@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 from typing import Any
 
 import kopf
@@ -54,7 +55,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 30
     settings.batching.worker_limit = int(os.environ.get("RLHF_OPERATOR_WORKER_LIMIT", "32"))
     settings.posting.level = logging.WARNING  # our own Events carry the transitions
-    settings.peering.priority = int(os.environ.get("RLHF_OPERATOR_PRIORITY", "0"))
+    # kopf pauses *every* operator when peers share a priority, so each replica draws its own:
+    # the highest is active, the others stand by until its peering record expires.
+    settings.peering.priority = int(os.environ.get("RLHF_OPERATOR_PRIORITY") or random.randint(1, 2**30))
+    settings.peering.lifetime = int(os.environ.get("RLHF_OPERATOR_PEERING_LIFETIME", "60"))
+    settings.peering.stealth = True  # no log line per keep-alive
     from kubernetes import config
 
     try:

@@ -32,6 +32,7 @@ class OperatorProcess:
         log_path: str | Path | None = None,
         env: dict[str, str] | None = None,
         metrics: bool = False,
+        peering: str | None = None,
     ) -> None:
         self.kubeconfig = str(kubeconfig)
         self.namespaces = namespaces or []
@@ -39,6 +40,7 @@ class OperatorProcess:
         self.env = env or {}
         self.health_port = free_port()
         self.metrics_port = free_port() if metrics else 0
+        self.peering = peering
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -48,6 +50,8 @@ class OperatorProcess:
         args += [f"--liveness=http://127.0.0.1:{self.health_port}/healthz"]
         if self.metrics_port:
             args += [f"--metrics-port={self.metrics_port}"]
+        if self.peering:
+            args += [f"--peering={self.peering}"]
         env = {
             **os.environ,
             "KUBECONFIG": self.kubeconfig,

@@ -43,10 +43,17 @@ def render_chart(*values: str, namespace: str = OPERATOR_NS, include_crds: bool 
 def installed(cluster: Cluster) -> Any:
     """The chart's CRD, ServiceAccount and RBAC (no Deployment: the tests run the operator process)."""
     cluster.kubectl("create", "namespace", OPERATOR_NS, check=False)
-    cluster.kubectl(
-        "apply", "--server-side", "--force-conflicts", "-f", "-", input=render_chart("test-values.yaml")
-    )
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+    # CRDs first (helm does the same with a chart's crds/), then what uses them.
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+    jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
+    for name in (f"{PLURAL}.{GROUP}", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
+        wait_for(
+            lambda n=name: cluster.kubectl("get", "crd", n, "-o", f"jsonpath={jsonpath}") == "True",
+            timeout=60,
+            what=f"CRD {name} established",
+        )
+    rendered = render_chart("test-values.yaml", include_crds=False)
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=rendered)
     return cluster.as_service_account(OPERATOR_NS, OPERATOR_SA)
 
 
@@ -389,3 +396,44 @@ def test_unschedulable_gang_reports_the_scheduler_reason(
     cond = wait_for(reported, timeout=60, what="Unschedulable condition")
     assert "nvidia.com/gpu" in cond["message"] or "Insufficient" in cond["message"], cond
     assert api.status(name)["phase"] == "Scheduling"
+
+
+def test_two_replicas_with_peering_one_active_then_failover(
+    cluster: Cluster, installed: Any, namespace: str, tmp_path: Path
+) -> None:
+    api = Api(cluster, namespace)
+    peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "rlhf-operator"}}
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(peering))
+    env = {"RLHF_OPERATOR_PEERING_LIFETIME": "20"}  # generous: keep-alives lag on a loaded machine
+
+    def replica(priority: int) -> OperatorProcess:
+        return OperatorProcess(
+            installed.kubeconfig,
+            [namespace],
+            log_path=tmp_path / f"operator-{priority}.log",
+            env={**env, "RLHF_OPERATOR_PRIORITY": str(priority)},
+            peering="rlhf-operator",
+        )
+
+    high, low = replica(20), replica(10)
+    high.start()
+    try:
+        wait_for(
+            lambda: "Resuming operations" in high.log_tail(10**6), timeout=60, what="first replica active"
+        )
+        low.start()  # starts paused (peering is mandatory) and stays so while `high` is alive
+        api.apply(grpo_job("peer"))
+        api.wait_phase("peer", "Running")
+        assert f"{namespace}/peer: PodsCreated" in high.log_tail(10**6)
+        assert f"{namespace}/peer:" not in low.log_tail(10**6)  # the standby did nothing
+        high.kill()  # its peering record expires after its lifetime; the standby resumes
+        cluster.kubectl("scale", "rltj", "peer", "-n", namespace, "--replicas=3")
+        wait_for(
+            lambda: len([p for p in api.pods("peer") if "rollout" in p.metadata.name]) == 3,
+            timeout=120,
+            what="3 rollout pods created by the new active operator",
+        )
+        assert f"{namespace}/peer: RolloutMembershipChanged" in low.log_tail(10**6)
+    finally:
+        high.stop()
+        low.stop()
