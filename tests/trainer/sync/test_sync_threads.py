@@ -18,6 +18,7 @@ from rlhf_trainer.sync import (
     SyncGroup,
     WeightReceiver,
     bucketed_broadcast,
+    default_pack_below,
     default_tp_rules,
     plan_messages,
     receive_broadcast,
@@ -55,8 +56,8 @@ def test_bucketed_broadcast_bit_exact(bucket: int) -> None:
     rx1, rx2 = WeightReceiver(), WeightReceiver()
     stats, s1, s2 = _threads(
         lambda: bucketed_broadcast(w.items(), pgs[0], 0, bucket, version=7),
-        lambda: receive_broadcast(rx1, pgs[1], 0, bucket),
-        lambda: receive_broadcast(rx2, pgs[2], 0, bucket),
+        lambda: receive_broadcast(rx1, pgs[1], 0),
+        lambda: receive_broadcast(rx2, pgs[2], 0),
     )
     sizes = [t.numel() * t.element_size() for t in w.values()]
     total = sum(sizes)
@@ -77,9 +78,9 @@ def test_plan_messages_covers_every_byte_once(bucket: int) -> None:
     # in stream order, contiguous, every byte of every tensor exactly once
     expect = [(i, o) for i, n in enumerate(sizes) for o in range(n)]
     assert [(i, off + k) for i, off, n in seen for k in range(n)] == expect
-    # a tensor of at least a quarter bucket is alone in its messages (zero-copy)
+    # a tensor of at least pack_below bytes is alone in its messages (zero-copy)
     for m in msgs:
-        if any(sizes[i] >= max(1, bucket // 4) for i, _, _ in m):
+        if any(sizes[i] >= default_pack_below(bucket) for i, _, _ in m):
             assert len(m) == 1
 
 
@@ -94,8 +95,8 @@ def test_receiver_writes_model_in_place_and_casts() -> None:
     )
     _threads(
         lambda: bucketed_broadcast(src.named_parameters(), pgs[0], 0, 16),
-        lambda: receive_broadcast(WeightReceiver(dst_same), pgs[1], 0, 16),
-        lambda: receive_broadcast(WeightReceiver(dst_fp32), pgs[2], 0, 16),
+        lambda: receive_broadcast(WeightReceiver(dst_same), pgs[1], 0),
+        lambda: receive_broadcast(WeightReceiver(dst_fp32), pgs[2], 0),
     )
     assert dst_same.weight.data_ptr() == ptr and torch.equal(dst_same.weight, src.weight)
     assert torch.equal(dst_fp32.weight, src.weight.float()) and torch.equal(dst_fp32.bias, src.bias.float())
@@ -171,8 +172,8 @@ def test_cuda_tensors_through_device_buffers() -> None:
     cpu_rx = WeightReceiver()
     _threads(
         lambda: bucketed_broadcast(src.named_parameters(), pgs[0], 0, 4096, device="cuda"),
-        lambda: receive_broadcast(WeightReceiver(dst), pgs[1], 0, 4096, device="cuda"),
-        lambda: receive_broadcast(cpu_rx, pgs[2], 0, 4096, device="cuda"),
+        lambda: receive_broadcast(WeightReceiver(dst), pgs[1], 0, device="cuda"),
+        lambda: receive_broadcast(cpu_rx, pgs[2], 0, device="cuda"),
     )
     for (name, p), (_, q) in zip(src.named_parameters(), dst.named_parameters()):
         assert torch.equal(p, q) and torch.equal(p.cpu(), cpu_rx.tensors[name]), name

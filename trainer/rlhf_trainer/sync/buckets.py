@@ -5,9 +5,9 @@ A sync is one *stream* from the source rank to every other rank of a process gro
 1. a header: the JSON list of `TensorMeta` (name, shape, dtype) plus the sender's `version`,
    broadcast as a length (int64) and the bytes (uint8);
 2. the tensors' bytes in header order, in messages ("buckets") of at most `bucket_bytes`
-   (`plan_messages`): a tensor of at least a quarter bucket travels alone, a larger one in
-   bucket-sized chunks, so the bucket size bounds memory whatever the largest tensor is; smaller
-   tensors are packed together. Sender and receivers derive the same plan from the header.
+   (`plan_messages`): a tensor of at least `pack_below` bytes (1 MiB by default) travels alone, a
+   larger one than a bucket in bucket-sized chunks, so the bucket size bounds memory whatever the
+   largest tensor is; smaller tensors are packed together. Both sizes are in the header.
 
 Both sides work on `uint8` views, so any dtype (bf16 included) travels bit-exactly over gloo.
 
@@ -141,9 +141,15 @@ def _send_header(
     version: int,
     timeout: float | None,
     device: torch.device,
+    layout: tuple[int, int],
 ) -> None:
     payload = json.dumps(
-        {"version": version, "tensors": [[m.name, list(m.shape), m.dtype] for m in metas]}
+        {
+            "version": version,
+            "bucket_bytes": layout[0],
+            "pack_below": layout[1],
+            "tensors": [[m.name, list(m.shape), m.dtype] for m in metas],
+        }
     ).encode()
     _bcast(group, torch.tensor([len(payload)], dtype=torch.int64, device=device), src, timeout).wait()
     body = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
@@ -152,26 +158,36 @@ def _send_header(
 
 def _recv_header(
     group: Group, src: int, timeout: float | None, device: torch.device
-) -> tuple[list[TensorMeta], int]:
+) -> tuple[list[TensorMeta], int, tuple[int, int]]:
     n = torch.zeros(1, dtype=torch.int64, device=device)
     _bcast(group, n, src, timeout).wait()
     buf = torch.empty(int(n.item()), dtype=torch.uint8, device=device)
     _bcast(group, buf, src, timeout).wait()
     d = json.loads(bytes(buf.cpu().numpy()).decode())
-    return [TensorMeta(name, tuple(shape), dt) for name, shape, dt in d["tensors"]], int(d["version"])
+    metas = [TensorMeta(name, tuple(shape), dt) for name, shape, dt in d["tensors"]]
+    return metas, int(d["version"]), (int(d["bucket_bytes"]), int(d["pack_below"]))
 
 
-def plan_messages(sizes: Sequence[int], bucket_bytes: int) -> list[list[tuple[int, int, int]]]:
+def default_pack_below(bucket_bytes: int) -> int:
+    """Tensors smaller than this are packed: 1 MiB (a message that size amortizes its per-message
+    cost), or a quarter bucket when buckets are smaller than 4 MiB."""
+    return max(1, min(bucket_bytes // 4, 1 << 20))
+
+
+def plan_messages(
+    sizes: Sequence[int], bucket_bytes: int, pack_below: int | None = None
+) -> list[list[tuple[int, int, int]]]:
     """Cut a stream of tensors (byte `sizes`, in order) into messages of at most `bucket_bytes`:
     each message a list of (tensor index, byte offset, length) segments, in stream order.
 
-    Tensors of at least a quarter bucket travel alone (a larger one in bucket-sized chunks), so
-    their messages are contiguous ranges of one tensor and need no copy on either side; smaller
-    tensors are packed together. Sender and receivers compute the same plan from the header.
+    Tensors of at least `pack_below` bytes (default `default_pack_below`) travel alone, a larger
+    one than a bucket in bucket-sized chunks, so their messages are contiguous ranges of one
+    tensor and need no copy on either side; smaller tensors are packed together. The sender puts
+    both sizes in the header, so receivers compute the same plan.
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-    alone = max(1, bucket_bytes // 4)
+    alone = max(1, default_pack_below(bucket_bytes) if pack_below is None else pack_below)
     msgs: list[list[tuple[int, int, int]]] = []
     cur: list[tuple[int, int, int]] = []
     cur_len = 0
@@ -206,6 +222,7 @@ def bucketed_broadcast(
     metas: Sequence[TensorMeta] | None = None,
     max_inflight: int = DEFAULT_MAX_INFLIGHT,
     device: torch.device | str = "cpu",
+    pack_below: int | None = None,
 ) -> SyncStats:
     """Send `named_tensors` (tensors or DTensors, not yet gathered) from rank `src` of `group`.
 
@@ -223,9 +240,10 @@ def bucketed_broadcast(
         metas = [TensorMeta.of(n, t) for n, t in items]
     if len(metas) != len(items):
         raise ValueError(f"{len(metas)} metas for {len(items)} tensors")
-    msgs = plan_messages([m.nbytes for m in metas], bucket_bytes)
+    pack = default_pack_below(bucket_bytes) if pack_below is None else pack_below
+    msgs = plan_messages([m.nbytes for m in metas], bucket_bytes, pack)
     dev = torch.device(device)
-    _send_header(group, src, metas, version, timeout, dev)
+    _send_header(group, src, metas, version, timeout, dev, (bucket_bytes, pack))
 
     total = sum(m.nbytes for m in metas)
     stats = SyncStats(tensors=len(items), bytes=total, version=version, buckets=len(msgs))
@@ -314,23 +332,22 @@ def receive_broadcast(
     sink: Sink,
     group: Group,
     src: int,
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     *,
     timeout: float | None = None,
     on_bucket: Callable[[int], None] | None = None,
     max_inflight: int = DEFAULT_MAX_INFLIGHT,
     device: torch.device | str = "cpu",
 ) -> SyncStats:
-    """The receiving side of `bucketed_broadcast` (same `bucket_bytes`). Receives are posted up
+    """The receiving side of `bucketed_broadcast` (the message plan comes with the header). Receives are posted up
     to `max_inflight` messages ahead (at most two of them into bucket buffers); a message holding one tensor's range is received straight into the sink's
     buffer for it (the model's own parameter when dtypes match), packed ones into one of two
     bucket buffers and scattered."""
     t0 = time.perf_counter()
     dev = torch.device(device)
-    metas, version = _recv_header(group, src, timeout, dev)
+    metas, version, (bucket_bytes, pack_below) = _recv_header(group, src, timeout, dev)
     sizes = [m.nbytes for m in metas]
     total = sum(sizes)
-    msgs = plan_messages(sizes, bucket_bytes)
+    msgs = plan_messages(sizes, bucket_bytes, pack_below)
     buf_size = min(bucket_bytes, total)
     remaining = list(sizes)
     dsts: dict[int, torch.Tensor] = {}

@@ -262,9 +262,7 @@ class SyncGroup:
                     self._wait_key(base + "/start")
                     if self.store.get(base + "/start") != b"go":
                         raise SyncError(f"the source could not connect at {base}")
-                    stats = receive_broadcast(
-                        sink, self._pg, 0, self.bucket_bytes, timeout=self.timeout, device=self.device
-                    )
+                    stats = receive_broadcast(sink, self._pg, 0, timeout=self.timeout, device=self.device)
                 except Exception as e:
                     err = e
             self.store.set(f"{base}/ack/{self.me}", "ok" if err is None else "error")
