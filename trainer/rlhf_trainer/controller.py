@@ -77,7 +77,7 @@ class Summary:
     def lines(self) -> list[str]:
         w = min(self.WINDOW, self.steps)
         out = [
-            f"steps run          {self.steps}",
+            f"steps              {self.steps}",
             f"first mean reward  {self.first_reward:.3f}   (first {w} steps: {self.first_window:.3f})",
             f"last mean reward   {self.last_reward:.3f}   (last {w} steps: {self.last_window:.3f})",
             f"wall time          {self.wall_seconds:.1f}s",
@@ -107,6 +107,8 @@ def run(
     started = time.perf_counter()
     spec = resolve_spec(job.spec, Path(manifest_dir), steps)
     r = setup(job.metadata_name, spec, run_dir, resume, ray_address, on_status)
+    if r.start_step >= spec.training.steps:
+        print(f"all {spec.training.steps} steps are done already (--no-resume starts over)", file=sys.stderr)
     try:
         for step in range(r.start_step, spec.training.steps):
             r.ctx.step = step
@@ -171,7 +173,13 @@ def save_checkpoint(r: Run, done: int) -> Path:
 
 
 def finish(r: Run, wall: float) -> Summary:
-    rewards = [h["reward/mean"] for h in r.history if not math.isnan(h.get("reward/mean", float("nan")))]
+    """Close the bar, write the report, and summarise the whole run (earlier sessions included)."""
+    from rlhf_trainer.metrics import read_jsonl
+
+    r.logger.close()
+    records = read_jsonl(r.ctx.run_dir / "metrics.jsonl")
+    rewards = [float(x["reward/mean"]) for x in records if isinstance(x.get("reward/mean"), (int, float))]
+    rewards = [x for x in rewards if not math.isnan(x)]
     if r.progress is not None:
         r.progress.close()
         r.progress = None
@@ -180,7 +188,7 @@ def finish(r: Run, wall: float) -> Summary:
         report_path = write_report(r.ctx.run_dir)
     w = Summary.WINDOW
     return Summary(
-        steps=len(r.history),
+        steps=len(records),
         first_reward=rewards[0] if rewards else float("nan"),
         last_reward=rewards[-1] if rewards else float("nan"),
         first_window=sum(rewards[:w]) / len(rewards[:w]) if rewards else float("nan"),

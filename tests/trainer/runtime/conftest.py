@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,17 +18,19 @@ import pytest
 HERE = Path(__file__).resolve().parent
 CACHE = Path("~/.cache/rlhf-operator").expanduser()
 MODEL = CACHE / "models" / "tiny-arithmetic"
-PROMPTS = CACHE / "data" / "tiny-arithmetic.jsonl"
+#: The session's own prompt file (written by `tiny_model`; shared caches may be cleaned by others).
+PROMPTS = Path(tempfile.gettempdir()) / f"rlhf-runtime-tests-{os.getpid()}" / "tiny-arithmetic.jsonl"
 
 
 @pytest.fixture(scope="session")
-def tiny_model() -> Path:
-    from rlhf_trainer.bootstrap import ensure_model, ensure_prompts
+def tiny_model() -> Iterator[Path]:
+    from rlhf_trainer.bootstrap import ensure_model, write_prompts
     from rlhf_trainer.spec import ModelSpec
 
     ensure_model(ModelSpec(path=str(MODEL), bootstrap="tiny-arithmetic"))
-    ensure_prompts("tiny-arithmetic", PROMPTS, n=4096, seed=0)
-    return MODEL
+    write_prompts("tiny-arithmetic", PROMPTS, n=1024, seed=0)
+    yield MODEL
+    shutil.rmtree(PROMPTS.parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

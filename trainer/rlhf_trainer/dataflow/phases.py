@@ -182,10 +182,10 @@ def compute_advantages(ctx: TrainerContext, batch: StepBatch, algorithm: Any) ->
             batch[key] = value
         elif isinstance(value, (int, float)) and "/" in key:
             batch.metrics[key] = float(value)
-    mask = batch["response_mask"]
-    adv = batch["advantages"][mask > 0]
-    batch.metrics["advantage/mean"] = float(adv.mean()) if len(adv) else 0.0
-    batch.metrics["advantage/std"] = float(adv.std()) if len(adv) > 1 else 0.0
+    if "advantages" in batch:  # preference algorithms pair samples up instead
+        adv = batch["advantages"][batch["response_mask"] > 0]
+        batch.metrics["advantage/mean"] = float(adv.mean()) if len(adv) else 0.0
+        batch.metrics["advantage/std"] = float(adv.std()) if len(adv) > 1 else 0.0
     return batch
 
 
