@@ -17,4 +17,9 @@ class RewardWorker(Worker):
 
     def score(self, prompts: list[str], responses: list[str], columns: list[dict[str, Any]]) -> Any:
         """A `RewardResult` (scores, valid, errors, per_reward) for these samples."""
-        return self.reward.compute(prompts, responses, columns)
+        try:
+            return self.reward.compute(prompts, responses, columns)
+        except Exception as err:
+            # Re-raised as a plain RuntimeError carrying the message: Ray re-creates exceptions from
+            # their args, which garbles those whose constructor takes something else (RewardFailure).
+            raise RuntimeError(f"{type(err).__name__}: {err}") from None
