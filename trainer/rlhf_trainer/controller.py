@@ -7,8 +7,8 @@
                                                   #   -> advantage -> update   (dataflow.phases)
         sync_weights(ctx)                         # weight sync
         log_step(run, step, metrics)              # log: JSONL, /metrics, progress bar, status
-        save_checkpoint_if_due(run, step)         # checkpoint
-    finish(run)                                   # last checkpoint, summary, report
+        save_checkpoint_if_due(run, step + 1)     # checkpoint (every N steps and at the end)
+    finish(run)                                   # summary, report
 
 Everything a phase does lives in `dataflow.phases`; the role workers in `workers`.
 """
@@ -112,13 +112,15 @@ def run(
     try:
         for step in range(r.start_step, spec.training.steps):
             r.ctx.step = step
-            metrics = (
-                r.stream.step()
-            )  # rollout -> reward -> filter -> reference/critic -> advantage -> update
+            # rollout -> reward -> filter -> reference/critic -> advantage -> update
+            metrics = r.stream.step()
+            # weight sync
             with timed(metrics, "weight_sync"):
-                sync_weights(r.ctx)  # weight sync
-            log_step(r, step, metrics)  # log
-            save_checkpoint_if_due(r, step + 1)  # checkpoint
+                sync_weights(r.ctx)
+            # log
+            log_step(r, step, metrics)
+            # checkpoint
+            save_checkpoint_if_due(r, step + 1)
         return finish(r, time.perf_counter() - started)
     finally:
         teardown(r)
