@@ -114,13 +114,15 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def worker(rank: int, n: int, port: int, size: float, repeats: int, bucket: int, out: str) -> None:
+def worker(
+    rank: int, n: int, port: int, size: float, repeats: int, bucket: int, inflight: int, out: str
+) -> None:
     torch.set_num_threads(1)
     shapes = shapes_for(size)
     flat, named = flat_model(shapes, seed=1234 if rank == 0 else -1)
     store = connect_store(HOST, port, is_source=rank == 0, timeout=600)
     names = ["source"] + [f"replica-{i}" for i in range(n)]
-    sg = SyncGroup(store, names[rank], timeout=600, bucket_bytes=bucket, hostname=HOST)
+    sg = SyncGroup(store, names[rank], timeout=600, bucket_bytes=bucket, hostname=HOST, max_inflight=inflight)
     sg.rebuild(names, generation=1)
     # The raw baseline runs on a plain gloo group over the same members.
     raw: Any = dist.ProcessGroupGloo(dist.PrefixStore("raw/", store), rank, n + 1, timedelta(seconds=600))
@@ -173,14 +175,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(n: int, size: float, repeats: int, bucket: int, out: Path) -> dict[str, Any]:
+def run(n: int, size: float, repeats: int, bucket: int, inflight: int, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     for f in out.glob("*.json"):
         f.unlink()
     ctx = mp.get_context("spawn")
     port = _free_port()
     procs = [
-        ctx.Process(target=worker, args=(r, n, port, size, repeats, bucket, str(out))) for r in range(n + 1)
+        ctx.Process(target=worker, args=(r, n, port, size, repeats, bucket, inflight, str(out)))
+        for r in range(n + 1)
     ]
     for p in procs:
         p.start()
@@ -211,6 +214,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--receivers", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bucket-mb", type=float, default=64.0)
+    ap.add_argument(
+        "--max-inflight", type=int, default=4, help="messages posted ahead (SyncGroup.max_inflight)"
+    )
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/rlhf-weight-sync-bench"))
     a = ap.parse_args(argv)
@@ -222,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
           f"bucket {a.bucket_mb:g} MiB; gloo on {HOST}; torch {torch.__version__}; {os.cpu_count()} CPUs")  # fmt: skip
     rows = []
     for n in a.receivers:
-        r = run(n, size, a.repeats, bucket, a.workdir)
+        r = run(n, size, a.repeats, bucket, a.max_inflight, a.workdir)
         rows.append(r)
         rss = r["peak_extra_rss_bytes"]
         print(

@@ -45,7 +45,7 @@ import torch.distributed as dist
 DEFAULT_BUCKET_BYTES = 64 << 20
 #: Messages posted ahead. Only messages packed in a bucket buffer hold memory, and there are at
 #: most two of those; zero-copy messages in flight let gloo pipeline through its broadcast tree.
-DEFAULT_MAX_INFLIGHT = 4
+DEFAULT_MAX_INFLIGHT = 8
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,14 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from .buckets import DEFAULT_BUCKET_BYTES, Sink, SyncStats, bucketed_broadcast, receive_broadcast
+from .buckets import (
+    DEFAULT_BUCKET_BYTES,
+    DEFAULT_MAX_INFLIGHT,
+    Sink,
+    SyncStats,
+    bucketed_broadcast,
+    receive_broadcast,
+)
 from .reshard import ReshardPlan
 
 log = logging.getLogger(__name__)
@@ -104,6 +111,7 @@ class SyncGroup:
         poll_seconds: float = 0.005,
         backend: Literal["gloo", "nccl"] = "gloo",
         device: torch.device | str | None = None,
+        max_inflight: int = DEFAULT_MAX_INFLIGHT,
     ):
         self.store = store
         self.me = me
@@ -123,6 +131,7 @@ class SyncGroup:
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be gloo or nccl, got {backend!r}")
         self.backend = backend
+        self.max_inflight = max_inflight
         if device is None:
             device = f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
         self.device = torch.device(device)
@@ -221,7 +230,7 @@ class SyncGroup:
                 try:
                     stats = bucketed_broadcast(
                         items, self._pg, 0, self.bucket_bytes, version=version,
-                        timeout=self.timeout, transform=transform, metas=metas, device=self.device,
+                        timeout=self.timeout, transform=transform, metas=metas, device=self.device, max_inflight=self.max_inflight,
                     )  # fmt: skip
                 except Exception as e:
                     err = e
@@ -262,7 +271,14 @@ class SyncGroup:
                     self._wait_key(base + "/start")
                     if self.store.get(base + "/start") != b"go":
                         raise SyncError(f"the source could not connect at {base}")
-                    stats = receive_broadcast(sink, self._pg, 0, timeout=self.timeout, device=self.device)
+                    stats = receive_broadcast(
+                        sink,
+                        self._pg,
+                        0,
+                        timeout=self.timeout,
+                        device=self.device,
+                        max_inflight=self.max_inflight,
+                    )
                 except Exception as e:
                     err = e
             self.store.set(f"{base}/ack/{self.me}", "ok" if err is None else "error")
