@@ -98,11 +98,16 @@ class Api:
         return list(self.core.list_namespaced_pod(self.ns, label_selector=f"rlhf.dev/job-name={name}").items)
 
     def wait_phase(self, name: str, phase: str, timeout: float = 90) -> dict[str, Any]:
-        return wait_for(  # type: ignore[no-any-return]
-            lambda: (s := self.status(name)).get("phase") == phase and s,
-            timeout=timeout,
-            what=f"job {self.ns}/{name} to be {phase} (status: {self._safe_status(name)})",
-        )
+        from harness import ClusterError
+
+        try:
+            return wait_for(  # type: ignore[no-any-return]
+                lambda: (s := self.status(name)).get("phase") == phase and s,
+                timeout=timeout,
+                what=f"job {self.ns}/{name} to be {phase}",
+            )
+        except ClusterError as err:
+            raise ClusterError(f"{err}; status now: {self._safe_status(name)}") from err
 
     def _safe_status(self, name: str) -> str:
         try:
@@ -209,6 +214,34 @@ def test_grpo_job_over_two_pools_end_to_end(
         what="3 rollout pods",
     )
     wait_for(lambda: api.status(name)["rollout"]["generation"] == 2, timeout=30, what="rollout generation 2")
+
+    # Scale down: leaving replicas are kept until the controller pod reports that it drained them
+    # and rebuilt its weight-sync group (status.rollout.syncedGeneration), then deleted.
+    cluster.kubectl("scale", "rltj", name, "-n", namespace, "--replicas=1")
+    wait_for(lambda: api.status(name)["rollout"]["generation"] == 3, timeout=30, what="rollout generation 3")
+    rollout_pods = sorted(p.metadata.name for p in api.pods(name) if "rollout" in p.metadata.name)
+    assert rollout_pods == ["grpo-rollout-0", "grpo-rollout-1", "grpo-rollout-2"]  # draining, not deleted
+    synced = {"status": {"rollout": {"syncedGeneration": 3}}}
+    controller.kubectl(
+        "patch",
+        "rltj",
+        name,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(synced),
+    )
+    wait_for(
+        lambda: (
+            sorted(p.metadata.name for p in api.pods(name) if "rollout" in p.metadata.name)
+            == ["grpo-rollout-0"]
+        ),
+        timeout=30,
+        what="leaving rollout pods deleted after the sync",
+    )
+    assert api.status(name)["rollout"]["generation"] == 3
 
     # The controller pod finishing makes the job Succeeded; the TTL then deletes it and the
     # garbage collector its children.
@@ -437,3 +470,14 @@ def test_two_replicas_with_peering_one_active_then_failover(
     finally:
         high.stop()
         low.stop()
+
+
+def test_ppo_example_across_two_pools(cluster: Cluster, namespace: str, operator: OperatorProcess) -> None:
+    api = Api(cluster, namespace)
+    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "ppo-two-pools.yaml").read_text())
+    api.apply(doc)
+    name = doc["metadata"]["name"]
+    api.wait_phase(name, "Running")
+    nodes = {p.metadata.labels["rlhf.dev/role"]: p.spec.node_name for p in api.pods(name)}
+    assert nodes["actor"].startswith("h100-") and nodes["critic"].startswith("h100-"), nodes
+    assert all(nodes[r].startswith("l4-") for r in ("reference", "reward", "rollout")), nodes
