@@ -172,9 +172,8 @@ def operator_run(cluster: Cluster, jobs: list[dict[str, Any]], workers: int, log
         pods_running = time.perf_counter() - t0
 
         def all_jobs_running() -> bool:
-            items = custom.list_namespaced_custom_object("rlhf.dev", "v1alpha1", ns, "rltrainingjobs")[
-                "items"
-            ]
+            listing: Any = custom.list_namespaced_custom_object("rlhf.dev", "v1alpha1", ns, "rltrainingjobs")
+            items = listing["items"]
             return all((j.get("status") or {}).get("phase") == "Running" for j in items)
 
         wait_for(all_jobs_running, timeout=600, interval=0.5, what="every job Running")

@@ -11,7 +11,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -86,10 +86,14 @@ class Api:
         self.custom = kubernetes.client.CustomObjectsApi(cluster.admin())
 
     def apply(self, doc: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, doc)  # type: ignore[no-any-return]
+        return cast(
+            dict[str, Any], self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, doc)
+        )
 
     def job(self, name: str) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)  # type: ignore[no-any-return]
+        return cast(
+            dict[str, Any], self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+        )
 
     def status(self, name: str) -> dict[str, Any]:
         return self.job(name).get("status") or {}

@@ -293,7 +293,7 @@ def test_colocated_placement_has_no_rollout_pods() -> None:
     assert "rollout" not in children.role_replicas(parse_spec({**BASE_SPEC, "roles": roles}))
 
 
-STATIC = [
+STATIC: list[tuple[Any, dict[str, Any]]] = [
     (
         children.build_service_account,
         {

@@ -122,7 +122,8 @@ def test_crash_mid_creation_then_a_new_operator_converges_without_duplicates(cra
     with pytest.raises(Crash):
         run(Executor(fake))  # type: ignore[arg-type]
     fake.crash_after = None
-    restarted = Executor(fake)  # type: ignore[arg-type]  (empty memory, like a new process)
+    # A new Executor has an empty memory, like a new process.
+    restarted = Executor(fake)  # type: ignore[arg-type]
     run(restarted, 1)
     run(restarted, 2)
     names = sorted(n for k, n in fake.objects if k == "Pod")
