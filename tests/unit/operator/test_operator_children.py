@@ -86,6 +86,20 @@ MOUNTS = [
     {"name": "spec", "mountPath": "/etc/rlhf", "readOnly": True},
 ]
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+NODE_LOSS = [
+    {
+        "key": "node.kubernetes.io/not-ready",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 60,
+    },
+    {
+        "key": "node.kubernetes.io/unreachable",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 60,
+    },
+]
 
 EXPECTED_ACTOR_1 = {
     "apiVersion": "v1",
@@ -127,7 +141,7 @@ EXPECTED_ACTOR_1 = {
         ],
         "volumes": VOLUMES,
         "nodeSelector": {"rlhf.dev/pool": "h100"},
-        "tolerations": [GPU_TOLERATION],
+        "tolerations": [GPU_TOLERATION, *NODE_LOSS],
     },
 }
 
@@ -164,6 +178,7 @@ EXPECTED_CONTROLLER = {
             }
         ],
         "volumes": VOLUMES,
+        "tolerations": NODE_LOSS,
     },
 }
 
@@ -185,11 +200,11 @@ POD_VARIANTS = [
         0,
         {
             ("spec", "nodeSelector"): {"rlhf.dev/pool": "l4"},
-            ("spec", "tolerations"): [GPU_TOLERATION],
+            ("spec", "tolerations"): [GPU_TOLERATION, *NODE_LOSS],
         },
     ),
     (
-        "CPU pod without a pool: no selector, no toleration, no GPU limits",
+        "CPU pod without a pool: no selector, only the node-loss tolerations, no GPU limits",
         {
             "roles": {
                 **BASE_SPEC["roles"],
@@ -200,7 +215,7 @@ POD_VARIANTS = [
         0,
         {
             ("spec", "nodeSelector"): None,
-            ("spec", "tolerations"): None,
+            ("spec", "tolerations"): NODE_LOSS,
             ("spec", "containers", 0, "resources"): {
                 "requests": {"cpu": "2", "memory": "8Gi"},
                 "limits": {"memory": "8Gi"},
