@@ -12,8 +12,8 @@ def starts_with_one(prompts: Sequence[str], responses: Sequence[str], **_: Any) 
 
 
 def fails_on_seven(prompts: Sequence[str], responses: Sequence[str], **_: Any) -> list[float]:
-    """Raises when a response contains a 7 (a reward with a bug)."""
-    for r in responses:
-        if "7" in r:
+    """Raises when a prompt contains a 7 (a reward with a bug)."""
+    for p, r in zip(prompts, responses):
+        if "7" in p:
             raise ValueError(f"cannot score response {r!r}")
     return [1.0 for _ in responses]

@@ -63,6 +63,7 @@ def test_failing_reward_and_overlong_prompts_are_counted_skips(tiny_model, ray_s
     assert len(rows_out) == 3
     assert sum(r["reward/errors"] for r in rows_out) > 0
     assert sum(r["reward/invalid"] for r in rows_out) > 0
+    assert all(r["data/skipped_prompts"] == 8 for r in rows_out)
 
 
 @pytest.mark.slow
