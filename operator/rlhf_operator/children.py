@@ -264,7 +264,7 @@ def _env(job: RLTrainingJob, role: str, index: int, attempt: int) -> list[dict[s
         {"name": "RLHF_ROLE", "value": role},
         {"name": "RLHF_REPLICA_INDEX", "value": str(index)},
         {"name": "RLHF_RESTART_ATTEMPT", "value": str(attempt)},
-        {"name": "RLHF_MANIFEST", "value": f"{CONFIG_DIR}/{CONFIG_KEY}"},
+        {"name": "RLHF_SPEC_FILE", "value": f"{CONFIG_DIR}/{CONFIG_KEY}"},
         {"name": "RLHF_CONTROLLER_ADDRESS", "value": controller_address(job)},
         {"name": "RAY_AUTH_MODE", "value": "token"},
         {
@@ -283,7 +283,7 @@ def _env(job: RLTrainingJob, role: str, index: int, attempt: int) -> list[dict[s
 
 def _command(job: RLTrainingJob, role: str, gpus: int, cpu: str) -> list[str]:
     if role == labels.CONTROLLER_ROLE:
-        return ["rlhf", "controller", f"{CONFIG_DIR}/{CONFIG_KEY}"]
+        return ["rlhf", "controller", "--spec-file", f"{CONFIG_DIR}/{CONFIG_KEY}"]
     resources = json.dumps({f"{labels.RAY_ROLE_RESOURCE_PREFIX}{role}": 1})
     return [
         "ray",

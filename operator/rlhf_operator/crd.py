@@ -109,7 +109,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {
         "name": "Reward",
         "type": "number",
-        "jsonPath": ".status.progress.reward",
+        "jsonPath": ".status.summary.reward",
         "description": "Mean reward of the last step.",
     },
     {

@@ -72,7 +72,7 @@ class Executor:
         if plan.job is not None and not plan.invalid:
             self._ensure_static(plan.job)
         old = reconcile.operator_status(body.get("status") or {})
-        if old != plan.status:
+        if old != reconcile.operator_status(plan.status):
             self.kube.patch_status(body, plan.status)  # Conflict: computed from a stale view; retry
         for pod in plan.delete:
             self.kube.delete(pod)

@@ -88,11 +88,20 @@ class Plan:
 
 
 def operator_status(status: dict[str, Any]) -> dict[str, Any]:
-    """The part of a status the operator writes, for comparing an old status with a plan's."""
+    """The part of a status the operator writes, as the API server stores it after a merge patch
+    (null values removed): compare an old status with a plan's through this."""
     out = {k: status[k] for k in OPERATOR_KEYS if k in status and k != "rollout"}
     if "rollout" in status:
         out["rollout"] = {k: v for k, v in (status.get("rollout") or {}).items() if k in ROLLOUT_KEYS}
-    return out
+    return _without_nulls(out)
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 def _labels(pod: dict[str, Any]) -> dict[str, str]:

@@ -83,10 +83,13 @@ class RolloutStatus:
 
 @dataclass
 class SummaryStatus:
-    """Strings shown by `kubectl get rltj` (printer columns cannot format numbers)."""
+    """Values shown by `kubectl get rltj` (printer columns cannot format or combine fields)."""
 
     step: str = _f("", doc="`done/total` steps.")
     rollout: str = _f("", doc="`ready/desired` rollout replicas.")
+    reward: float | None = _f(
+        None, doc="Mean reward of the last step: progress.reward, else progress.metrics.reward_mean."
+    )
 
 
 @dataclass
@@ -151,12 +154,21 @@ def set_condition(
     return sorted(out, key=lambda c: order.get(c["type"], len(order)))
 
 
-def summary(status: dict[str, Any], total_steps: int) -> dict[str, str]:
-    """Printer-column strings from a status: `12/20` steps and `2/3` ready/desired rollout replicas."""
+def summary(status: dict[str, Any], total_steps: int) -> dict[str, Any]:
+    """Printer-column values from a status: `12/20` steps, `2/3` ready/desired rollout replicas and
+    the last mean reward (a number, whichever way the controller pod reported it)."""
     progress = status.get("progress") or {}
     rollout = status.get("rollout") or {}
     total = progress.get("totalSteps") or total_steps
-    return {
+    out: dict[str, Any] = {
         "step": f"{progress.get('step', 0)}/{total}",
         "rollout": f"{rollout.get('ready', 0)}/{rollout.get('desired', 0)}",
     }
+    reward = progress.get("reward")
+    if reward is None:  # the controller may report it among its metrics, as a string
+        reward = (progress.get("metrics") or {}).get("reward_mean")
+    try:
+        out["reward"] = None if reward is None else float(reward)  # None: a merge patch removes it
+    except (TypeError, ValueError):
+        out["reward"] = None
+    return out

@@ -180,7 +180,10 @@ def test_grpo_job_over_two_pools_end_to_end(
     # The controller pod writes progress with the job's own ServiceAccount: allowed for this job's
     # status, nothing else.
     controller = cluster.as_service_account(namespace, name)
-    progress = {"status": {"progress": {"step": 3, "totalSteps": 20, "reward": 0.75}}}
+    # The exact patch the trainer's status reporter sends (progress.metrics.reward_mean, a string).
+    from rlhf_trainer.run_cli import StatusReporter
+
+    progress = StatusReporter(None, name, namespace).progress(3, 20, {"reward/mean": 0.75})
     controller.kubectl(
         "patch",
         "rltj",

@@ -62,7 +62,7 @@ def _env(role: str, index: int, attempt: int, worker: bool) -> list[dict[str, An
         {"name": "RLHF_ROLE", "value": role},
         {"name": "RLHF_REPLICA_INDEX", "value": str(index)},
         {"name": "RLHF_RESTART_ATTEMPT", "value": str(attempt)},
-        {"name": "RLHF_MANIFEST", "value": "/etc/rlhf/job.yaml"},
+        {"name": "RLHF_SPEC_FILE", "value": "/etc/rlhf/job.yaml"},
         {"name": "RLHF_CONTROLLER_ADDRESS", "value": "j-controller.j.ns.svc"},
         {"name": "RAY_AUTH_MODE", "value": "token"},
         {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": "j-ray-token", "key": "token"}}},
@@ -165,7 +165,7 @@ EXPECTED_CONTROLLER = {
             {
                 "name": "trainer",
                 "image": "trainer:test",
-                "command": ["rlhf", "controller", "/etc/rlhf/job.yaml"],
+                "command": ["rlhf", "controller", "--spec-file", "/etc/rlhf/job.yaml"],
                 "env": [
                     *_env("controller", 0, 0, worker=False),
                     {"name": "RLHF_METRICS_PORT", "value": "8080"},

@@ -169,3 +169,21 @@ def test_ttl_deletes_the_job() -> None:
     assert run(ex, 3).requeue_after == 10
     assert run(ex, 14).gone
     assert fake.job is None
+
+
+def test_no_write_loop_when_a_reported_value_disappears() -> None:
+    fake = FakeKube(job())
+    ex = Executor(fake)  # type: ignore[arg-type]
+    run(ex)
+    fake.set_pods("Running")
+    run(ex, 1)
+    assert fake.job is not None
+    fake.job["status"]["progress"] = {"step": 1, "reward": 0.5}
+    run(ex, 2)
+    assert fake.job["status"]["summary"]["reward"] == 0.5
+    del fake.job["status"]["progress"]
+    run(ex, 3)
+    assert "reward" not in fake.job["status"]["summary"]
+    before = list(fake.log)
+    run(ex, 4)
+    assert fake.log == before

@@ -79,7 +79,7 @@ def test_steady_state_plan_is_empty_and_status_unchanged() -> None:
     body, pods = running_job()
     plan, _ = step(body, pods, t=10)
     assert (plan.create, plan.delete, plan.events) == ([], [], [])
-    assert reconcile.operator_status(body["status"]) == plan.status
+    assert reconcile.operator_status(body["status"]) == reconcile.operator_status(plan.status)
 
 
 def test_failed_actor_restarts_the_whole_gang_after_backoff() -> None:
@@ -266,3 +266,15 @@ def test_progress_written_by_the_controller_shows_in_the_summary() -> None:
     plan, body = step(body, pods, t=5)
     assert body["status"]["summary"]["step"] == "7/20"
     assert "progress" not in plan.status  # never written by the operator
+
+
+def test_reward_column_reads_either_progress_shape() -> None:
+    body, pods = running_job()
+    _, top = step(with_status(body, {"progress": {"step": 2, "reward": 0.25}}), pods, t=5)
+    assert top["status"]["summary"]["reward"] == 0.25
+    _, nested = step(
+        with_status(body, {"progress": {"step": 2, "metrics": {"reward_mean": "0.5"}}}), pods, t=5
+    )
+    assert nested["status"]["summary"]["reward"] == 0.5
+    _, none = step(body, pods, t=5)
+    assert "reward" not in none["status"]["summary"]  # a null in the merge patch removes the key
