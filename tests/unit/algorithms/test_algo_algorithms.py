@@ -471,3 +471,9 @@ def test_online_dpo_loss(loss, length_normalize, seed):
         for a, b in ((0, 2), (2, 6))
     ]
     close(sum(halves), out["loss"].item())
+
+
+@pytest.mark.parametrize("name", ["ppo", "grpo", "rloo", "reinforce_plus_plus"])
+def test_kl_coef_zero_needs_no_reference(name):
+    assert build_algorithm(name, {"klCoef": 0.0}).needs_reference is False
+    assert build_algorithm(name, {"klCoef": 0.01}).needs_reference is True

@@ -11,7 +11,7 @@ Contract
     class Algorithm:
         name: ClassVar[str]             # the ALGORITHMS registry name
         needs_critic: ClassVar[bool]    # the job must run a critic role (value model)
-        needs_reference: ClassVar[bool] # the job must run a reference policy
+        needs_reference: bool           # the job must run a reference policy (False on an instance whose params make it unused)
         Params: ClassVar[type[AlgorithmParams]]
 
         def __init__(self, **params)    # camelCase or snake_case keys; unknown key -> ValueError
@@ -243,7 +243,9 @@ class Algorithm(abc.ABC):
 
     name: ClassVar[str] = ""
     needs_critic: ClassVar[bool] = False
-    needs_reference: ClassVar[bool] = False
+    #: Class default; an instance may turn it off when its params make the reference unused
+    #: (a policy-gradient algorithm with klCoef 0 never reads ref_log_probs).
+    needs_reference: bool = False
     Params: ClassVar[type[AlgorithmParams]] = AlgorithmParams
 
     def __init__(self, **params: Any) -> None:

@@ -156,6 +156,10 @@ class PolicyGradientAlgorithm(Algorithm):
             KL_CONTROLLERS.get(p.kl_controller), {}, p.as_dict(), "KL controller"
         )
         self.num_updates = 0
+        # Every KL controller scales the coefficient multiplicatively, so 0 stays 0: no KL term,
+        # and no reference policy to run.
+        if self.kl_coef == 0:
+            self.needs_reference = False
 
     @property
     def kl_coef(self) -> float:
@@ -334,7 +338,7 @@ class PPO(PolicyGradientAlgorithm):
 
     name: ClassVar[str] = "ppo"
     needs_critic: ClassVar[bool] = True
-    needs_reference: ClassVar[bool] = True
+    needs_reference = True
     Params: ClassVar[type[AlgorithmParams]] = PPOParams
     params: PPOParams
 
@@ -373,7 +377,7 @@ class GRPO(PolicyGradientAlgorithm):
     """Group Relative Policy Optimization (Shao et al. 2024, arXiv:2402.03300); needs `group_index`."""
 
     name: ClassVar[str] = "grpo"
-    needs_reference: ClassVar[bool] = True
+    needs_reference = True
     Params: ClassVar[type[AlgorithmParams]] = GRPOParams
     params: GRPOParams
 
@@ -390,7 +394,7 @@ class RLOO(PolicyGradientAlgorithm):
     """REINFORCE Leave-One-Out (Ahmadian et al. 2024, arXiv:2402.14740); needs `group_index`."""
 
     name: ClassVar[str] = "rloo"
-    needs_reference: ClassVar[bool] = True
+    needs_reference = True
     Params: ClassVar[type[AlgorithmParams]] = RLOOParams
     params: RLOOParams
 
@@ -414,7 +418,7 @@ class ReinforcePlusPlus(PolicyGradientAlgorithm):
     gives the group-baseline variant."""
 
     name: ClassVar[str] = "reinforce_plus_plus"
-    needs_reference: ClassVar[bool] = True
+    needs_reference = True
     Params: ClassVar[type[AlgorithmParams]] = ReinforcePlusPlusParams
     params: ReinforcePlusPlusParams
 
@@ -510,7 +514,7 @@ class OnlineDPO(Algorithm):
     """
 
     name: ClassVar[str] = "online_dpo"
-    needs_reference: ClassVar[bool] = True
+    needs_reference = True
     Params: ClassVar[type[AlgorithmParams]] = OnlineDPOParams
     params: OnlineDPOParams
 
