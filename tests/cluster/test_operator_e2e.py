@@ -59,7 +59,9 @@ def installed(cluster: Cluster) -> Any:
 
 @pytest.fixture
 def operator(installed: Any, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    proc = OperatorProcess(installed.kubeconfig, [namespace], log_path=tmp_path / "operator.log")
+    proc = OperatorProcess(
+        installed.kubeconfig, [namespace], log_path=tmp_path / "operator.log", metrics=True
+    )
     proc.start()
     try:
         yield proc
@@ -120,6 +122,16 @@ class Api:
             return repr(err)
 
 
+def metric(op: OperatorProcess, name: str) -> float:
+    """The value of one sample of the operator's /metrics, e.g. `rlhf_operator_jobs{phase="Running"}`."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5).read().decode()
+    return next(
+        (float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")), 0.0
+    )
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:5]}"
 
@@ -170,6 +182,11 @@ def test_grpo_job_over_two_pools_end_to_end(
     assert actor.spec.containers[0].resources.limits["nvidia.com/gpu"] == "8"
     assert {v.name: v.empty_dir.medium for v in actor.spec.volumes if v.empty_dir}["dshm"] == "Memory"
 
+    wait_for(
+        lambda: metric(operator, 'rlhf_operator_jobs{phase="Running"}') == 1.0, timeout=30, what="jobs metric"
+    )
+    assert metric(operator, "rlhf_operator_pods_created_total") == 7
+    assert metric(operator, 'rlhf_operator_reconciles_total{result="ok"}') >= 2
     status = api.status(name)
     assert (
         status["rollout"]["ready"] == 2
@@ -297,6 +314,7 @@ def test_node_loss_under_an_actor_restarts_the_gang_once(
         assert all(p.metadata.labels["rlhf.dev/restart-attempt"] == "1" for p in pods)
         assert all(before[p.metadata.name] != p.metadata.uid for p in pods)  # every pod recreated
         assert all(p.spec.node_name != node for p in pods)
+        assert metric(operator, "rlhf_operator_gang_restarts_total") == 1
     finally:
         cluster.create_pools([p for p in _pools() if p.name == "h100"])  # recreate the lost node (idempotent)
 
