@@ -435,14 +435,15 @@ def test_suspend_removes_pods_and_resume_recreates_them(
     assert status["restarts"] == 0 and len(api.pods(name)) == 7
 
 
+@pytest.mark.parametrize("on_timeout,phase", [("wait", "Scheduling"), ("fail", "Failed")])
 def test_unschedulable_gang_reports_the_scheduler_reason(
-    cluster: Cluster, namespace: str, operator: OperatorProcess
+    cluster: Cluster, namespace: str, operator: OperatorProcess, on_timeout: str, phase: str
 ) -> None:
     api = Api(cluster, namespace)
     name = "huge"
     roles = grpo_job(name)["spec"]["roles"]
     roles["actor"]["replicas"] = 9  # 9 x 8 GPUs > 4 h100 nodes
-    api.apply(grpo_job(name, roles=roles, scheduling={"timeoutSeconds": 2, "onTimeout": "wait"}))
+    api.apply(grpo_job(name, roles=roles, scheduling={"timeoutSeconds": 2, "onTimeout": on_timeout}))
 
     def reported() -> dict[str, Any] | None:
         st = api.status(name)
@@ -452,8 +453,12 @@ def test_unschedulable_gang_reports_the_scheduler_reason(
         )
 
     cond = wait_for(reported, timeout=60, what="Unschedulable condition")
-    assert "nvidia.com/gpu" in cond["message"] or "Insufficient" in cond["message"], cond
-    assert api.status(name)["phase"] == "Scheduling"
+    assert "Insufficient nvidia.com/gpu" in cond["message"], cond
+    status = api.wait_phase(name, phase)
+    if on_timeout == "fail":
+        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "Unschedulable"
+        wait_for(lambda: api.pods(name) == [], timeout=60, what="pods of the failed gang removed")
 
 
 def test_two_replicas_with_peering_one_active_then_failover(
