@@ -118,11 +118,20 @@ def worker(
     rank: int, n: int, port: int, size: float, repeats: int, bucket: int, inflight: int, out: str
 ) -> None:
     torch.set_num_threads(1)
+    threads = int(os.environ.get("BENCH_GLOO_THREADS", "0")) or None  # default: SyncGroup's choice
     shapes = shapes_for(size)
     flat, named = flat_model(shapes, seed=1234 if rank == 0 else -1)
     store = connect_store(HOST, port, is_source=rank == 0, timeout=600)
     names = ["source"] + [f"replica-{i}" for i in range(n)]
-    sg = SyncGroup(store, names[rank], timeout=600, bucket_bytes=bucket, hostname=HOST, max_inflight=inflight)
+    sg = SyncGroup(
+        store,
+        names[rank],
+        timeout=600,
+        bucket_bytes=bucket,
+        hostname=HOST,
+        max_inflight=inflight,
+        gloo_threads=threads,
+    )
     sg.rebuild(names, generation=1)
     # The raw baseline runs on a plain gloo group over the same members.
     raw: Any = dist.ProcessGroupGloo(dist.PrefixStore("raw/", store), rank, n + 1, timedelta(seconds=600))
@@ -215,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bucket-mb", type=float, default=64.0)
     ap.add_argument(
-        "--max-inflight", type=int, default=4, help="messages posted ahead (SyncGroup.max_inflight)"
+        "--max-inflight", type=int, default=8, help="messages posted ahead (SyncGroup.max_inflight)"
     )
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/rlhf-weight-sync-bench"))

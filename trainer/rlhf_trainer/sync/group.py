@@ -112,6 +112,7 @@ class SyncGroup:
         backend: Literal["gloo", "nccl"] = "gloo",
         device: torch.device | str | None = None,
         max_inflight: int = DEFAULT_MAX_INFLIGHT,
+        gloo_threads: int | None = None,
     ):
         self.store = store
         self.me = me
@@ -132,6 +133,7 @@ class SyncGroup:
             raise ValueError(f"backend must be gloo or nccl, got {backend!r}")
         self.backend = backend
         self.max_inflight = max_inflight
+        self.gloo_threads = gloo_threads
         if device is None:
             device = f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
         self.device = torch.device(device)
@@ -174,15 +176,18 @@ class SyncGroup:
                 nccl_opts = dist.ProcessGroupNCCL.Options()
                 nccl_opts._timeout = timedelta(seconds=self.timeout)
                 self._pg = dist.ProcessGroupNCCL(store, self.rank, len(self.members), nccl_opts)
-            elif self.hostname is not None:
+            else:
                 opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
                 opts._timeout = timedelta(seconds=self.timeout)
-                opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self.hostname)]
-                self._pg = dist.ProcessGroupGloo(store, self.rank, len(self.members), opts)
-            else:
-                self._pg = dist.ProcessGroupGloo(
-                    store, self.rank, len(self.members), timedelta(seconds=self.timeout)
+                device = (
+                    dist.ProcessGroupGloo.create_device(hostname=self.hostname)
+                    if self.hostname is not None
+                    else dist.ProcessGroupGloo.create_default_device()
                 )
+                opts._devices = [device]
+                # One gloo worker thread per message in flight, so they progress concurrently.
+                opts._threads = self.gloo_threads or max(2, self.max_inflight)
+                self._pg = dist.ProcessGroupGloo(store, self.rank, len(self.members), opts)
             self._connect_error = None
         except Exception as e:  # a member that never showed up: handled by the ack protocol
             log.warning("sync group %s: %s could not connect: %s", self._base(), self.me, e)
