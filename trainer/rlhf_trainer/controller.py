@@ -5,6 +5,7 @@
     for step in range(start, steps):
         metrics = stream.step()                   # rollout -> reward -> filter -> reference/critic
                                                   #   -> advantage -> update   (dataflow.phases)
+        elastic_rollout(ctx, metrics)             # step boundary: autoscale, add/drain, rebuild group
         sync_weights(ctx)                         # weight sync
         log_step(run, step, metrics)              # log: JSONL, /metrics, progress bar, status
         save_checkpoint_if_due(run, step + 1)     # checkpoint (every N steps and at the end)
@@ -30,6 +31,7 @@ from typing import Any
 from rlhf_trainer import checkpoint
 from rlhf_trainer.dataflow import DataStream, FilterOperator, RewardOperator, RolloutOperator, UpdateOperator
 from rlhf_trainer.dataflow.context import TrainerContext, timed
+from rlhf_trainer.dataflow.elastic import ElasticOptions, reshard_if_needed
 from rlhf_trainer.dataflow.phases import sync_weights
 from rlhf_trainer.spec import JobSpec, RLTrainingJob
 
@@ -102,11 +104,14 @@ def run(
     resume: bool | None = None,
     ray_address: str | None = None,
     on_status: StatusCallback | None = None,
+    elastic: ElasticOptions | None = None,
 ) -> Summary:
-    """Run `job` to its last step (resuming from the latest checkpoint) and return the summary."""
+    """Run `job` to its last step (resuming from the latest checkpoint) and return the summary.
+    `elastic`: hooks of the disaggregated rollout fleet (clock, signal, sync checks; see
+    `dataflow.elastic.ElasticOptions`)."""
     started = time.perf_counter()
     spec = resolve_spec(job.spec, Path(manifest_dir), steps)
-    r = setup(job.metadata_name, spec, run_dir, resume, ray_address, on_status)
+    r = setup(job.metadata_name, spec, run_dir, resume, ray_address, on_status, elastic)
     if r.start_step >= spec.training.steps:
         print(f"all {spec.training.steps} steps are done already (--no-resume starts over)", file=sys.stderr)
     try:
@@ -114,9 +119,11 @@ def run(
             r.ctx.step = step
             # rollout -> reward -> filter -> reference/critic -> advantage -> update
             metrics = r.stream.step()
+            # elastic rollout (step boundary): autoscaling decision, add/drain replicas, rebuild group
+            elastic_rollout(r.ctx, metrics)
             # weight sync
             with timed(metrics, "weight_sync"):
-                sync_weights(r.ctx)
+                metrics.update(sync_weights(r.ctx))
             # log
             log_step(r, step, metrics)
             # checkpoint
@@ -124,6 +131,14 @@ def run(
         return finish(r, time.perf_counter() - started)
     finally:
         teardown(r)
+
+
+def elastic_rollout(ctx: TrainerContext, metrics: dict[str, Any]) -> None:
+    """Disaggregated placement: the resharding protocol at the step boundary (`dataflow.elastic`)."""
+    if ctx.fleet is None:
+        return
+    with timed(metrics, "reshard"):
+        reshard_if_needed(ctx, metrics)
 
 
 def log_step(r: Run, step: int, metrics: dict[str, Any]) -> None:
@@ -138,6 +153,8 @@ def log_step(r: Run, step: int, metrics: dict[str, Any]) -> None:
     metrics["rollout/wait_seconds"] = metrics.get("timing/rollout", 0.0)
     metrics["data/prompts_consumed"] = float(ctx.dataset.consumed)
     metrics["total_steps"] = float(ctx.spec.training.steps)
+    if ctx.fleet is not None:
+        metrics.update(ctx.fleet.step_metrics())
     last = r.stream.last_batch
     scores = last.tensors["scores"].tolist() if last is not None and "scores" in last else []
     r.history.append({"step": step, **metrics})
@@ -261,6 +278,7 @@ def setup(
     resume: bool | None,
     ray_address: str | None,
     on_status: StatusCallback | None,
+    elastic: ElasticOptions | None = None,
 ) -> Run:
     """Everything before the first step, in the order that fails fastest on a bad manifest."""
     from rlhf_trainer.algorithms import build_algorithm
@@ -290,6 +308,7 @@ def setup(
     )
     try:
         r.groups = start_workers(ctx, stream)
+        start_fleet(ctx, elastic or ElasticOptions())
         r.start_step = maybe_resume(r, spec.checkpoint.resume if resume is None else resume)
         start_logging(r, on_status)
     except BaseException:
@@ -415,6 +434,16 @@ def start_workers(ctx: TrainerContext, stream: DataStream) -> list[Any]:
     return groups
 
 
+def start_fleet(ctx: TrainerContext, options: ElasticOptions) -> None:
+    """Disaggregated placement: the elastic fleet over the rollout workers (weight-sync group,
+    prompt queue, autoscaler)."""
+    if ctx.rollout is None:
+        return
+    from rlhf_trainer.dataflow.elastic import RolloutFleet
+
+    ctx.fleet = RolloutFleet.start(ctx, options)
+
+
 def _cuda_available() -> bool:
     import torch
 
@@ -464,6 +493,8 @@ def start_logging(r: Run, on_status: StatusCallback | None) -> None:
         spec.output.metrics_port, host="0.0.0.0" if in_pod else "127.0.0.1", metrics=r.metrics
     )
     (r.ctx.run_dir / "metrics_port").write_text(f"{r.server.port}\n")
+    if r.ctx.fleet is not None:
+        r.ctx.fleet.attach_metrics(r.metrics.registry)
     if spec.output.progress:
         from tqdm import tqdm
 
@@ -484,6 +515,8 @@ def teardown(r: Run) -> None:
         r.server.stop()
     if r.logger is not None:
         r.logger.close()
+    if r.ctx.fleet is not None:
+        r.ctx.fleet.shutdown()
     for g in r.groups:
         g.shutdown()
     if r.owns_ray:

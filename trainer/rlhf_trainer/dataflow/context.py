@@ -30,6 +30,8 @@ class TrainerContext:
     reference: Any = None
     rollout: Any = None
     """`WorkerGroup` of `RolloutWorker`, disaggregated placement only."""
+    fleet: Any = None
+    """`elastic.RolloutFleet` over `rollout`: prompt leases, the weight-sync group, autoscaling."""
     step: int = 0
     policy_version: int = 0
     """Bumped by every policy update; rollout workers tag each sample with the version they ran."""

@@ -8,6 +8,7 @@
     batch   = policy_log_probs(ctx, batch, algo)     # old log-probs (when the batch is reused)
     batch   = compute_advantages(ctx, batch, algo)   # advantage
     batch   = update_policy(ctx, batch, algo)        # update
+    reshard_if_needed(ctx, metrics)                  # elastic rollout (dataflow.elastic)
     sync_weights(ctx)                                # weight sync
 
 The operators of `dataflow.operators` call these; the controller's loop calls the stream.
@@ -65,15 +66,23 @@ def generate(ctx: TrainerContext, prompts: list[Any]) -> StepBatch:
     from rlhf_trainer.rollout import RolloutBatch, decode_responses
 
     n = ctx.spec.rollout.samples_per_prompt
-    group = ctx.generators()
-    chunks = _split(len(prompts), len(group))
-    outputs = group.call_each("generate", [([prompts[i].ids for i in c], n, ctx.step) for c in chunks])
-    versions = [out.pop("policy_version", None) for out in outputs]
-    parts = [RolloutBatch.from_dict(out) for out in outputs]
-    rollout = RolloutBatch.concat(parts, offset_prompt_index=True)
-    version = torch.cat(
-        [v if v is not None else torch.full((len(p),), ctx.policy_version) for v, p in zip(versions, parts)]
-    )
+    if ctx.fleet is not None:  # disaggregated: replicas lease prompts from the fleet's queue
+        from rlhf_trainer.dataflow.elastic import rollout_tensors
+
+        rollout, version = rollout_tensors(*ctx.fleet.generate(prompts, n, ctx.step))
+    else:
+        group = ctx.generators()
+        chunks = _split(len(prompts), len(group))
+        outputs = group.call_each("generate", [([prompts[i].ids for i in c], n, ctx.step) for c in chunks])
+        versions = [out.pop("policy_version", None) for out in outputs]
+        parts = [RolloutBatch.from_dict(out) for out in outputs]
+        rollout = RolloutBatch.concat(parts, offset_prompt_index=True)
+        version = torch.cat(
+            [
+                v if v is not None else torch.full((len(p),), ctx.policy_version)
+                for v, p in zip(versions, parts)
+            ]
+        )
     items = [prompts[i] for i in rollout.prompt_index]
     tensors = {
         "prompt_ids": rollout.prompt_ids,
@@ -215,21 +224,17 @@ def update_policy(ctx: TrainerContext, batch: StepBatch, algorithm: Any) -> Step
     return batch
 
 
-def sync_weights(ctx: TrainerContext) -> None:
-    """Make the generators sample from the updated policy.
+def sync_weights(ctx: TrainerContext) -> dict[str, float]:
+    """Make the generators sample from the updated policy; returns the sync's metrics.
 
     Colocated: each actor refreshes its hybrid engine (nothing to move with one rank).
-    Disaggregated: rank 0 exports the unsharded weights once; every rollout worker receives them
-    through the object store (`push_weights`, the seam the elastic weight-sync group replaces).
+    Disaggregated: a bucketed broadcast from actor rank 0 to every member of the fleet's weight-sync
+    group, confirmed by every receiver (`elastic.RolloutFleet.sync`).
     """
-    if ctx.rollout is None:
+    if ctx.fleet is None:
         ctx.actor.call("sync_engine")
-        return
-    import ray
-
-    weights = ctx.actor.call("export_weights")[0]
-    ref = ray.put(weights)
-    ctx.rollout.call("push_weights", ref, ctx.policy_version)
+        return {}
+    return ctx.fleet.sync(ctx.policy_version, ctx.step)  # type: ignore[no-any-return]
 
 
 def _algorithm_args(ctx: TrainerContext, algorithm: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:

@@ -43,6 +43,7 @@ class ActorWorker(TrainableWorker):
         super().__init__(*args, **kwargs)
         self.colocated = colocated
         self.engine: Any = None
+        self.sync: Any = None
         self.algorithms = AlgorithmCache()
 
     def build_model(self) -> nn.Module:
@@ -97,10 +98,43 @@ class ActorWorker(TrainableWorker):
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
         self.engine.load_weights(full.items())
 
-    def export_weights(self) -> dict[str, Tensor] | None:
-        """Unsharded weights on CPU for the rollout fleet (a collective; rank 0 returns them)."""
-        state = modeling.full_state_dict(self.model)
-        return state if self.rank == 0 else None
+    # -- weight sync to the rollout fleet (`sync.SyncGroup`; rank 0 is the source) -------------
+    def start_sync(self, timeout: float) -> tuple[str, int]:
+        """Host the sync group's store (rank 0) and return its address for the replicas."""
+        from rlhf_trainer.sync import SyncGroup, connect_store
+        from rlhf_trainer.workers.distributed import pick_store_address
+
+        host, port = pick_store_address()
+        store = connect_store(host, port, is_source=True, timeout=max(60.0, timeout))
+        self.sync = SyncGroup(store, "actor", timeout=timeout, hostname=host)
+        return host, port
+
+    def sync_rebuild(self, members: list[str], generation: int) -> None:
+        """Rank 0: build membership `generation` (`members[0]` is this rank)."""
+        self.sync.rebuild(members, generation)
+
+    def sync_push(self, version: int, verify: bool = False) -> dict[str, Any] | None:
+        """Send the current weights to every member (a collective over the actor ranks: the FSDP
+        shards are gathered once, so a retry after a dropped member needs no more gathers).
+        Rank 0 returns what `SyncGroup.push` reported, and with `verify` the weights' digest."""
+        from rlhf_trainer.sync import drain_full_tensors, materialize, tensor_digest
+
+        params = list(self.model.named_parameters())
+        if self.rank != 0:
+            drain_full_tensors(params)
+            return None
+        full = [(name, materialize(p)) for name, p in params]  # (gathered under FSDP2)
+        res = self.sync.push(full, version)
+        return {
+            "members": res.members,
+            "dropped": res.dropped,
+            "attempts": res.attempts,
+            "generation": res.generation,
+            "epoch": res.epoch,
+            "seconds": res.stats.seconds,
+            "bytes": res.stats.bytes,
+            "digest": tensor_digest(full) if verify else None,
+        }
 
     # -- scoring and training ------------------------------------------------------------------
     def compute_log_probs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:

@@ -11,6 +11,7 @@ ranks that may be blocked in a collective with the failed one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -88,11 +89,28 @@ class WorkerGroup:
 
     def add_replica(self) -> None:
         """Start one more independent replica (roles without a process group: rollout, reward)."""
+        self.add_replicas([len(self.workers)])
+
+    def add_replicas(self, ranks: Sequence[int]) -> list[Any]:
+        """Start independent replicas with these ranks (their seeds), loading their models
+        concurrently; returns the new workers (also appended to `workers`)."""
         if self.distributed:
             raise RuntimeError(f"{self.role}: a sharded role cannot grow one rank at a time")
-        worker = self._start(len(self.workers), len(self.workers) + 1)
-        get([worker.setup.remote()])
-        self.workers.append(worker)
+        new = [self._start(rank, rank + 1) for rank in ranks]
+        try:
+            get([w.setup.remote() for w in new])
+        except BaseException:
+            for w in new:
+                ray.kill(w, no_restart=True)
+            raise
+        self.workers.extend(new)
+        return new
+
+    def remove(self, worker: Any) -> None:
+        """Stop one replica and forget it (a drained or dead member of an elastic role)."""
+        self.workers = [w for w in self.workers if w is not worker]
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(worker, no_restart=True)
 
     def shutdown(self) -> None:
         for w in self.workers:

@@ -1,17 +1,18 @@
 """`RolloutWorker`: a generation engine of the disaggregated rollout fleet.
 
-The sync seam: after each policy update the controller calls `push_weights(named_tensors,
-version)` on every member (today a plain object-store broadcast; the elastic resharding of the
-weight-sync group plugs in behind this same method). Every sample carries the policy version it
-was generated with.
+Weights arrive through the weight-sync group (`sync.SyncGroup`): `join_sync` connects the
+replica to the group's store (hosted by actor rank 0), `sync_rebuild` joins a membership
+generation, and `sync_receive` takes one bucketed broadcast straight into the engine's parameters.
+Every sample carries the policy version it was generated with.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from rlhf_trainer.workers.base import Worker
 from rlhf_trainer.workers.distributed import step_seed
@@ -32,14 +33,60 @@ class RolloutWorker(Worker):
             tokenizer_path=self.spec.model.tokenizer,
         )
         self.version = 0
+        self.sync: Any = None
 
-    def push_weights(self, named_tensors: dict[str, Tensor], version: int) -> int:
-        """Load new policy weights; later samples carry `version`. Returns the tensors loaded."""
-        loaded = self.engine.load_weights(named_tensors.items())
-        self.version = version
-        return int(loaded)
+    def pid(self) -> int:
+        """This replica's process id (the kill tests and the logs name it)."""
+        return os.getpid()
 
-    def generate(self, prompt_ids: list[list[int]], n: int, step: int) -> dict[str, Any]:
+    # -- weight sync (`sync.SyncGroup`; the controller drives all members at once) -------------
+    def join_sync(self, address: tuple[str, int], me: str, timeout: float) -> None:
+        """Connect to the sync group's store at `address` as member `me` (no generation yet)."""
+        from rlhf_trainer.sync import SyncGroup, connect_store
+
+        store = connect_store(address[0], address[1], is_source=False, timeout=max(60.0, timeout))
+        host = os.environ.get("RLHF_NODE_IP") or "127.0.0.1"
+        self.sync = SyncGroup(store, me, timeout=timeout, hostname=host)
+
+    def sync_rebuild(self, members: list[str], generation: int) -> bool:
+        """Join membership `generation` (or leave the group when not listed); True when a member."""
+        self.sync.rebuild(members, generation)
+        return bool(self.sync.active)
+
+    def sync_receive(self, verify: bool = False) -> dict[str, Any]:
+        """Receive one weight sync into the engine. `dropped` when the source declared this replica
+        dead (it then serves no more; the controller replaces it); `digest` (with `verify`) hashes
+        the engine's weights after the sync, to compare with the actor's."""
+        from rlhf_trainer.sync import DroppedError, WeightReceiver
+
+        t0 = time.perf_counter()
+        model = getattr(self.engine, "model", None)
+        sink = WeightReceiver(model) if isinstance(model, torch.nn.Module) else WeightReceiver()
+        try:
+            stats = self.sync.receive(sink)
+        except DroppedError:
+            return {"dropped": True}
+        if sink.targets is None:  # an engine without an nn.Module: load what was collected
+            self.engine.load_weights(sink.tensors.items())
+        self.version = int(stats.version)
+        out: dict[str, Any] = {"version": self.version, "seconds": time.perf_counter() - t0}
+        if verify:
+            out["digest"] = self.weights_digest()
+        return out
+
+    def weights_digest(self) -> str:
+        """SHA-256 of the engine's parameters (`sync.tensor_digest`)."""
+        from rlhf_trainer.sync import tensor_digest
+
+        return tensor_digest(getattr(self.engine, "model").named_parameters())  # noqa: B009 - HF engine
+
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, step: int, delay_per_prompt: float = 0.0
+    ) -> dict[str, Any]:
+        """`n` samples per prompt. `delay_per_prompt` adds seconds per prompt (a test knob that
+        makes a replica slower, to induce load on the fleet)."""
+        if delay_per_prompt > 0:
+            time.sleep(delay_per_prompt * len(prompt_ids))
         self.engine.set_seed(step_seed(self.spec.training.seed, step, self.rank, stream=1))
         out = self.engine.generate(prompt_ids, n).to_dict()
         out["policy_version"] = torch.full((len(out["prompt_index"]),), self.version, dtype=torch.long)

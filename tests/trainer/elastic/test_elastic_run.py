@@ -1,0 +1,135 @@
+"""`rlhf run` with an elastic rollout fleet on CPU: the autoscaling policy grows and shrinks the
+fleet mid-run, every sync leaves each replica with the actor's exact weights, every prompt is
+consumed exactly once, and a replica killed during a sync is dropped and replaced."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import pytest
+
+from .conftest import make_job, read_metrics
+
+
+class StepClock:
+    """The policy's clock, advanced by the scripted signal: 20 s per step boundary."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def exactly_once(rows: list[dict[str, Any]], prompts: int) -> None:
+    last = rows[-1]
+    assert last["queue/enqueued"] == prompts == last["data/prompts_consumed"]
+    assert last["queue/acked"] == prompts
+    assert last["queue/leased"] == last["queue/acked"] + last["queue/requeued"]
+    assert last["queue/stale_acks"] == 0
+    # each step trained on samplesPerPrompt samples of each of its prompts
+    assert all(r["rollout/samples"] == 12 for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_policy_scales_rollout_fleet_1_3_2(tiny_model, ray_session, tmp_path):
+    """Load (the rollout wait fraction, scripted per step) goes high, then back to target, then
+    low: the policy (target 0.3, window 30 s, cooldown 15 s) scales 1 -> 3, holds 3 one more
+    period (stabilization), then scales to 2."""
+    from rlhf_trainer.controller import run
+    from rlhf_trainer.dataflow.elastic import ElasticOptions, SyncRecord
+
+    clock = StepClock()
+    load = {0: 0.9, 1: 0.3, 2: 0.2, 3: 0.2}
+
+    def wait_fraction(step: int, metrics: dict[str, float]) -> float:
+        clock.t = 20.0 * (step + 1)
+        return load.get(step, 0.3)
+
+    syncs: list[SyncRecord] = []
+    job = make_job(
+        "elastic-scale",
+        roles={
+            "placement": "disaggregated",
+            "actor": {"replicas": 2},
+            "rollout": {"replicas": 1, "minReplicas": 1, "maxReplicas": 3},
+        },
+        autoscaling={
+            "enabled": True,
+            "target": 0.3,
+            "tolerance": 0.1,
+            "periodSeconds": 15,
+            "stabilizationWindowSeconds": 30,
+            "cooldownSeconds": 15,
+        },
+    )
+    options = ElasticOptions(clock=clock, signal=wait_fraction, verify_weights=True, on_sync=syncs.append)
+    run(job, run_dir=tmp_path, elastic=options)
+    rows = read_metrics(tmp_path)
+    print("replicas", [r["rollout/replicas"] for r in rows])
+    print("sync seconds", [round(s.seconds, 3) for s in syncs])
+    print("queue", {k: v for k, v in rows[-1].items() if k.startswith("queue/")})
+
+    # The policy's decisions, and the fleet after each step boundary.
+    assert [r["autoscale/desired_replicas"] for r in rows] == [3, 3, 3, 2, 2]
+    assert [r["rollout/replicas"] for r in rows] == [3, 3, 3, 2, 2]
+    assert [r["rollout/generation"] for r in rows] == [2, 2, 2, 3, 3]
+    assert all(r["rollout/synced_generation"] == r["rollout/generation"] for r in rows)
+    # Training continued on every step, and every sync gave each replica the actor's weights.
+    assert [r["actor/policy_version"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [len(s.members) for s in syncs] == [3, 3, 3, 2, 2]
+    for s in syncs:
+        assert s.actor_digest and s.dropped == []
+        assert s.replica_digests == {m: s.actor_digest for m in s.members}, s
+    assert syncs[3].members == ["rollout-0", "rollout-1"]  # the newest replica left
+    exactly_once(rows, prompts=30)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_replica_killed_during_sync_is_replaced(tiny_model, ray_session, tmp_path):
+    """SIGKILL to a replica's process while the weights are being pushed: the push completes for
+    the survivor, the step completes, the next boundary starts a replacement that gets the
+    current weights, and the prompt counts stay exact."""
+    from rlhf_trainer.controller import run
+    from rlhf_trainer.dataflow.elastic import ElasticOptions, SyncRecord, SyncStart
+
+    killed: dict[str, int] = {}
+
+    def kill_one(start: SyncStart) -> None:
+        if start.step == 1 and not killed:
+            name = start.members[-1]
+            os.kill(start.pids[name], signal.SIGKILL)
+            killed[name] = start.pids[name]
+
+    syncs: list[SyncRecord] = []
+    job = make_job(
+        "elastic-kill",
+        training={"steps": 3},
+        roles={"placement": "disaggregated", "rollout": {"replicas": 2, "maxReplicas": 2}},
+    )
+    options = ElasticOptions(
+        verify_weights=True, sync_timeout=3.0, on_sync_start=kill_one, on_sync=syncs.append
+    )
+    run(job, run_dir=tmp_path, elastic=options)
+    rows = read_metrics(tmp_path)
+    print("replicas", [r["rollout/replicas"] for r in rows])
+    print("sync seconds", [round(s.seconds, 3) for s in syncs], "attempts", [s.attempts for s in syncs])
+    print("queue", {k: v for k, v in rows[-1].items() if k.startswith("queue/")})
+
+    assert list(killed) == ["rollout-1"]
+    assert [s.members for s in syncs] == [
+        ["rollout-0", "rollout-1"],
+        ["rollout-0"],
+        ["rollout-0", "rollout-2"],
+    ]
+    assert syncs[1].dropped == ["rollout-1"] and syncs[1].attempts == 2
+    for s in syncs:
+        assert s.replica_digests == {m: s.actor_digest for m in s.members}, s
+    assert [r["rollout/replicas"] for r in rows] == [2, 1, 2]
+    assert [r["actor/policy_version"] for r in rows] == [1, 2, 3]
+    assert rows[1]["sync/dropped"] == 1
+    exactly_once(rows, prompts=18)
