@@ -8,7 +8,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
 
-if [ -x tests/cluster/build ] && [ "${RLHF_SKIP_CLUSTER_BUILD:-0}" != 1 ]; then
+# The control plane is built (or found in the cache) only when cluster tests are selected:
+# `-m "not slow and not cluster"` needs neither Go nor the cache.
+case " $* " in
+  *"not cluster"*) need_cluster=0 ;;
+  *) need_cluster=1 ;;
+esac
+if [ "$need_cluster" = 1 ] && [ "${RLHF_SKIP_CLUSTER_BUILD:-0}" != 1 ]; then
   bash tests/cluster/build
 fi
 if ! command -v prometheus >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

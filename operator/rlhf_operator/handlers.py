@@ -32,6 +32,8 @@ DEBOUNCE_SECONDS = float(os.environ.get("RLHF_OPERATOR_DEBOUNCE_SECONDS", "0.2")
 _wake: dict[tuple[str, str], asyncio.Event] = {}
 _executor: Executor | None = None
 
+log = logging.getLogger(__name__)
+
 
 def _get_executor() -> Executor:
     global _executor
@@ -101,10 +103,12 @@ async def job_worker(name: str, namespace: str | None, stopped: kopf.DaemonStopp
             if outcome.gone:
                 return
             if outcome.invalid:
-                raise kopf.PermanentError(f"invalid spec: {outcome.invalid}")
+                # The job's status already names the problem. Not kopf.PermanentError: that would
+                # end this daemon for good, and a corrected spec (which wakes us) must be picked up.
+                log.warning("job %s/%s has an invalid spec: %s", namespace, name, outcome.invalid)
             timeout = (
                 RESYNC_SECONDS
-                if outcome.requeue_after is None
+                if outcome.requeue_after is None or outcome.invalid
                 else min(outcome.requeue_after, RESYNC_SECONDS)
             )
             if timeout > 0:

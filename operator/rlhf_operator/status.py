@@ -14,6 +14,7 @@ neither side overwrites the other.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -168,7 +169,10 @@ def summary(status: dict[str, Any], total_steps: int) -> dict[str, Any]:
     if reward is None:  # the controller may report it among its metrics, as a string
         reward = (progress.get("metrics") or {}).get("reward_mean")
     try:
-        out["reward"] = None if reward is None else float(reward)  # None: a merge patch removes it
+        value = None if reward is None else float(reward)
     except (TypeError, ValueError):
-        out["reward"] = None
+        value = None
+    # None (a merge patch removes it) also for NaN/inf, which JSON cannot carry: a step whose
+    # every sample failed its reward must not make every later status patch invalid.
+    out["reward"] = value if value is not None and math.isfinite(value) else None
     return out

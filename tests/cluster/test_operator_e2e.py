@@ -123,12 +123,14 @@ class Api:
 
 
 def metric(op: OperatorProcess, name: str) -> float:
-    """The value of one sample of the operator's /metrics, e.g. `rlhf_operator_jobs{phase="Running"}`."""
+    """The value of one sample of the operator's /metrics, e.g. `rlhf_operator_jobs{phase="Running"}`;
+    NaN when the series is absent, so no comparison passes on a renamed metric."""
     import urllib.request
 
     text = urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5).read().decode()
     return next(
-        (float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")), 0.0
+        (float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")),
+        float("nan"),
     )
 
 

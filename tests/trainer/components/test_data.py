@@ -49,7 +49,8 @@ def test_parquet(tmp_path: Path, tok: Any) -> None:
 
 
 def test_datasets_folder(tmp_path: Path, tok: Any) -> None:
-    datasets = pytest.importorskip("datasets")
+    import datasets  # a dev dependency: its absence is a broken setup, not a skip
+
     datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "ds"))
     _check_rows(PromptDataset(_spec(tmp_path / "ds"), tok), tok)
     datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS)}).save_to_disk(str(tmp_path / "dd"))

@@ -7,6 +7,7 @@ summation order; the stated tolerance is 1e-5 relative.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -63,18 +64,22 @@ def test_sigkill_mid_step_then_restart_matches_uninterrupted_run(tiny_model, ray
         "--no-resume",
     ]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.Popen(
-        cmd, start_new_session=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    deadline = time.monotonic() + 600
-    log = killed / "metrics.jsonl"
-    while time.monotonic() < deadline and proc.poll() is None:
-        if log.is_file() and len(log.read_text().splitlines()) >= 3:  # steps 0-2 done, step 3 running
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    # stderr goes to a file: a pipe nobody reads while Ray logs to the driver can block the child.
+    err_path = tmp_path / "killed.stderr"
+    with err_path.open("wb") as err:
+        proc = subprocess.Popen(cmd, start_new_session=True, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 600
+        log = killed / "metrics.jsonl"
+        while time.monotonic() < deadline and proc.poll() is None:
+            if log.is_file() and len(log.read_text().splitlines()) >= 3:  # steps 0-2 done, step 3 running
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, err_path.read_text()[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the kill under test, and the cleanup on failure
+        proc.wait()
     assert (killed / "checkpoints" / "step-000002").is_dir()
 
     resumed = subprocess.run(cmd[:-1], env=env, capture_output=True, text=True, timeout=600)

@@ -278,3 +278,13 @@ def test_reward_column_reads_either_progress_shape() -> None:
     assert nested["status"]["summary"]["reward"] == 0.5
     _, none = step(body, pods, t=5)
     assert "reward" not in none["status"]["summary"]  # a null in the merge patch removes the key
+
+
+def test_non_finite_reward_is_dropped_not_written() -> None:
+    """A step whose every sample failed its reward reports NaN; JSON cannot carry it."""
+    body, pods = running_job()
+    for bad in ("nan", float("inf")):
+        _, top = step(
+            with_status(body, {"progress": {"step": 2, "metrics": {"reward_mean": bad}}}), pods, t=5
+        )
+        assert "reward" not in top["status"]["summary"]

@@ -80,6 +80,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
+from rlhf_trainer.spec import camel
+
 from .registry import ALGORITHMS, Registry
 
 __all__ = [
@@ -108,11 +110,6 @@ def param(default: Any, doc: str, *, choices: Registry[Any] | tuple[str, ...] | 
 
 def _snake(key: str) -> str:
     return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key).lower()
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
 def _type_name(hint: Any) -> str:
@@ -175,7 +172,7 @@ class AlgorithmParams:
         for key, value in (values or {}).items():
             name = _snake(str(key))
             if name not in names:
-                valid = ", ".join(f"{n} ({_camel(n)})" if _camel(n) != n else n for n in names)
+                valid = ", ".join(f"{n} ({camel(n)})" if camel(n) != n else n for n in names)
                 raise ValueError(f"unknown param {key!r} for {cls.__name__}; valid: {valid or '(none)'}")
             if name in kwargs:
                 raise ValueError(f"param {name!r} given twice (as snake_case and camelCase)")
