@@ -14,10 +14,10 @@ from .conftest import make_job, read_metrics
 
 
 class StepClock:
-    """The policy's clock, advanced by the scripted signal: 20 s per step boundary."""
+    """The policy's clock: 20 s per step (advanced after each step's sync)."""
 
     def __init__(self) -> None:
-        self.t = 0.0
+        self.t = 20.0
 
     def __call__(self) -> float:
         return self.t
@@ -46,10 +46,14 @@ def test_policy_scales_rollout_fleet_1_3_2(tiny_model, ray_session, tmp_path):
     load = {0: 0.9, 1: 0.3, 2: 0.2, 3: 0.2}
 
     def wait_fraction(step: int, metrics: dict[str, float]) -> float:
-        clock.t = 20.0 * (step + 1)
         return load.get(step, 0.3)
 
     syncs: list[SyncRecord] = []
+
+    def synced(record: SyncRecord) -> None:
+        syncs.append(record)
+        clock.t = 20.0 * (record.step + 2)  # the next boundary is 20 s later
+
     job = make_job(
         "elastic-scale",
         roles={
@@ -66,11 +70,11 @@ def test_policy_scales_rollout_fleet_1_3_2(tiny_model, ray_session, tmp_path):
             "cooldownSeconds": 15,
         },
     )
-    options = ElasticOptions(clock=clock, signal=wait_fraction, verify_weights=True, on_sync=syncs.append)
+    options = ElasticOptions(clock=clock, signal=wait_fraction, verify_weights=True, on_sync=synced)
     run(job, run_dir=tmp_path, elastic=options)
     rows = read_metrics(tmp_path)
     print("replicas", [r["rollout/replicas"] for r in rows])
-    print("sync seconds", [round(s.seconds, 3) for s in syncs])
+    print("sync wall seconds", [round(s.wall_seconds, 3) for s in syncs])
     print("queue", {k: v for k, v in rows[-1].items() if k.startswith("queue/")})
 
     # The policy's decisions, and the fleet after each step boundary.
@@ -91,45 +95,70 @@ def test_policy_scales_rollout_fleet_1_3_2(tiny_model, ray_session, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_replica_killed_during_sync_is_replaced(tiny_model, ray_session, tmp_path):
-    """SIGKILL to a replica's process while the weights are being pushed: the push completes for
-    the survivor, the step completes, the next boundary starts a replacement that gets the
-    current weights, and the prompt counts stay exact."""
+    """SIGKILL to a replica's process while the weights are being pushed (step 1): the push
+    completes for the survivor, the step completes, the next boundary starts a replacement that
+    gets the current weights. Then SIGKILL to a replica while it generates (step 3, slowed down by
+    the delay knob): its leased prompts are requeued to the other replica, which generates them.
+    The prompt counts stay exact throughout."""
+    import threading
+
     from rlhf_trainer.controller import run
     from rlhf_trainer.dataflow.elastic import ElasticOptions, SyncRecord, SyncStart
 
     killed: dict[str, int] = {}
+    pids: dict[str, int] = {}
 
-    def kill_one(start: SyncStart) -> None:
-        if start.step == 1 and not killed:
-            name = start.members[-1]
-            os.kill(start.pids[name], signal.SIGKILL)
-            killed[name] = start.pids[name]
+    def kill(name: str) -> None:
+        os.kill(pids[name], signal.SIGKILL)
+        killed[name] = pids[name]
+
+    def kill_during_sync(start: SyncStart) -> None:
+        pids.update(start.pids)
+        if start.step == 1:
+            kill(start.members[-1])
+
+    def slow_step_3(step: int) -> float:
+        if step != 3:
+            return 0.0
+        threading.Timer(0.5, kill, args=("rollout-0",)).start()
+        return 1.0  # seconds per prompt: each replica's 3 prompts take 3 s
 
     syncs: list[SyncRecord] = []
     job = make_job(
         "elastic-kill",
-        training={"steps": 3},
+        training={"steps": 4},
         roles={"placement": "disaggregated", "rollout": {"replicas": 2, "maxReplicas": 2}},
     )
     options = ElasticOptions(
-        verify_weights=True, sync_timeout=3.0, on_sync_start=kill_one, on_sync=syncs.append
+        verify_weights=True,
+        sync_timeout=3.0,
+        on_sync_start=kill_during_sync,
+        on_sync=syncs.append,
+        generation_delay=slow_step_3,
     )
     run(job, run_dir=tmp_path, elastic=options)
     rows = read_metrics(tmp_path)
     print("replicas", [r["rollout/replicas"] for r in rows])
-    print("sync seconds", [round(s.seconds, 3) for s in syncs], "attempts", [s.attempts for s in syncs])
+    print(
+        "sync wall seconds",
+        [round(s.wall_seconds, 2) for s in syncs],
+        "attempts",
+        [s.attempts for s in syncs],
+    )
     print("queue", {k: v for k, v in rows[-1].items() if k.startswith("queue/")})
 
-    assert list(killed) == ["rollout-1"]
+    assert list(killed) == ["rollout-1", "rollout-0"]
     assert [s.members for s in syncs] == [
         ["rollout-0", "rollout-1"],
         ["rollout-0"],
         ["rollout-0", "rollout-2"],
+        ["rollout-2", "rollout-3"],
     ]
     assert syncs[1].dropped == ["rollout-1"] and syncs[1].attempts == 2
     for s in syncs:
         assert s.replica_digests == {m: s.actor_digest for m in s.members}, s
-    assert [r["rollout/replicas"] for r in rows] == [2, 1, 2]
-    assert [r["actor/policy_version"] for r in rows] == [1, 2, 3]
+    assert [r["rollout/replicas"] for r in rows] == [2, 1, 2, 2]
+    assert [r["actor/policy_version"] for r in rows] == [1, 2, 3, 4]
     assert rows[1]["sync/dropped"] == 1
-    exactly_once(rows, prompts=18)
+    assert rows[-1]["queue/requeued"] == 3  # rollout-0's share of step 3
+    exactly_once(rows, prompts=24)

@@ -63,6 +63,9 @@ class SyncRecord:
     dropped: list[str]
     attempts: int
     seconds: float
+    """Seconds of the last (successful) stream on the source."""
+    wall_seconds: float
+    """Seconds of the whole sync as the controller saw it (dropped members' waits included)."""
     bytes: int
     actor_digest: str | None = None
     replica_digests: dict[str, str] = field(default_factory=dict)
@@ -149,14 +152,24 @@ class RolloutFleet:
 
     def _rebuild(self, members: list[str], leaving: list[Any]) -> None:
         """Every member (old, new and leaving) builds the next generation at once."""
+        import ray
+
         from rlhf_trainer.workers.group import get
 
         self.generation += 1
         names = [SOURCE, *members]
-        calls = [self.ctx.actor.workers[0].sync_rebuild.remote(names, self.generation)]
-        calls += [self.replicas_or_new(m).sync_rebuild.remote(names, self.generation) for m in members]
-        calls += [w.sync_rebuild.remote(names, self.generation) for w in leaving]
-        get(calls)
+        source = self.ctx.actor.workers[0].sync_rebuild.remote(names, self.generation)
+        calls = {m: self.replicas_or_new(m).sync_rebuild.remote(names, self.generation) for m in members}
+        calls.update(
+            {f"leaving-{i}": w.sync_rebuild.remote(names, self.generation) for i, w in enumerate(leaving)}
+        )
+        get([source])
+        for name, ref in calls.items():
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as err:
+                # A member that died meanwhile sends no ack: the next push drops it.
+                log.warning("generation %d: %s failed to rebuild: %s", self.generation, name, err)
 
     def replicas_or_new(self, name: str) -> Any:
         return self.replicas.get(name) or self._joining[name]
@@ -225,12 +238,12 @@ class RolloutFleet:
         """One period of the autoscaling policy: sets `desired` (logged and counted)."""
         if self.autoscaler is None:
             return
-        signal = self.read_signal(step, metrics)
         now = self.options.clock()
         period = self.ctx.spec.autoscaling.period_seconds
         if self.last_eval is not None and now - self.last_eval < period:
             return
         self.last_eval = now
+        signal = self.read_signal(step, metrics)
         # The committed size, like the HPA's current scale: a replica lost since the last
         # boundary is owed a replacement, not taken as a decision to shrink.
         d = self.autoscaler.step(self.desired, signal, now)
@@ -307,6 +320,7 @@ class RolloutFleet:
 
         from rlhf_trainer.workers.group import get
 
+        t0 = time.perf_counter()
         verify = self.options.verify_weights
         members = list(self.replicas)
         receives = {name: w.sync_receive.remote(verify) for name, w in self.replicas.items()}
@@ -346,6 +360,7 @@ class RolloutFleet:
             dropped=dropped,
             attempts=int(result["attempts"]),
             seconds=float(result["seconds"]),
+            wall_seconds=time.perf_counter() - t0,
             bytes=int(result["bytes"]),
             actor_digest=result.get("digest"),
             replica_digests={
@@ -361,7 +376,8 @@ class RolloutFleet:
         if self.options.on_sync is not None:
             self.options.on_sync(record)
         return {
-            "sync/seconds": record.seconds,
+            "sync/seconds": record.wall_seconds,
+            "sync/stream_seconds": record.seconds,
             "sync/bytes": float(record.bytes),
             "sync/attempts": float(record.attempts),
             "sync/dropped": float(len(dropped)),
