@@ -1,5 +1,12 @@
-"""STAND-IN exporter: serves the trainer's metric names with prometheus_client, because the real
-controller does not export them yet. The integration lead replaces this with a real `rlhf run`.
+"""Exporter processes for the live Prometheus test.
+
+`healthy` / `stalled`: the REAL trainer exporter (`rlhf_trainer.metrics.StepMetrics` served by
+`MetricsServer`, the classes the controller uses) fed SYNTHETIC step dicts, so the series names,
+types and labels are the controller's own while no training runs. The two fleet-only series that
+`dataflow.elastic.RolloutFleet.attach_metrics` adds (`rlhf_rollout_max_replicas`,
+`rlhf_autoscale_decisions_total`) are registered here under the same names. The integration lead
+replaces this with a real `rlhf run`.
+`operator`: the real `rlhf_operator.metrics` module, counters bumped by hand.
 
     python standin_exporter.py PORT healthy|stalled|operator
 """
@@ -10,37 +17,56 @@ import random
 import sys
 import time
 
-from prometheus_client import Gauge, start_http_server
+from prometheus_client import Counter, Gauge, start_http_server
 
 
-def trainer(mode: str) -> None:
-    g = {n: Gauge(n, n) for n in (
-        "rlhf_rollout_wait_fraction", "rlhf_queue_depth", "rlhf_tokens_per_second", "rlhf_rollout_replicas",
-        "rlhf_rollout_max_replicas", "rlhf_weight_sync_seconds", "rlhf_reward_mean", "rlhf_kl", "rlhf_entropy",
-        "rlhf_step", "rlhf_total_steps", "rlhf_policy_version", "rlhf_samples_per_second")}  # fmt: skip
-    phase = Gauge("rlhf_step_seconds", "Seconds of the last step by phase.", ["phase"])
-    g["rlhf_total_steps"].set(1000)
-    g["rlhf_rollout_max_replicas"].set(3)
-    step = 0
+def trainer(port: int, mode: str) -> None:
+    from rlhf_trainer.metrics import MetricsServer, StepMetrics
+
+    m = StepMetrics(job=mode)
+    Gauge("rlhf_rollout_max_replicas", "Upper bound of the rollout fleet.", registry=m.registry).set(3)
+    decisions = Counter(
+        "rlhf_autoscale_decisions",
+        "Autoscaling policy evaluations.",
+        ["direction", "cause"],
+        registry=m.registry,
+    )
+    MetricsServer(port=port, metrics=m)
+    step, consumed = 0, 0
     while True:
         if mode == "healthy":
             step += 1
-        g["rlhf_step"].set(step)
-        g["rlhf_policy_version"].set(step)
-        g["rlhf_rollout_replicas"].set(3 if mode == "stalled" else 2)
-        g["rlhf_rollout_wait_fraction"].set(0.8 if mode == "stalled" else 0.1)
-        for n in ("rlhf_queue_depth", "rlhf_tokens_per_second", "rlhf_weight_sync_seconds", "rlhf_reward_mean",
-                  "rlhf_kl", "rlhf_entropy", "rlhf_samples_per_second"):  # fmt: skip
-            g[n].set(random.random())
-        for p in ("rollout", "reward", "update", "sync"):
-            phase.labels(p).set(random.random())
+            consumed += 8
+        stalled = mode == "stalled"
+        m.record(
+            step,
+            {
+                "reward/mean": random.random(),
+                "actor/kl": random.random() / 10,
+                "actor/entropy": 1 + random.random(),
+                "rollout/wait_fraction": 0.8 if stalled else 0.1,
+                "rollout/queue_depth": 12.0,
+                "rollout/replicas": 3.0 if stalled else 2.0,
+                "perf/tokens_per_second": 1000 * random.random(),
+                "perf/samples_per_second": 10 * random.random(),
+                "policy_version": float(step),
+                "total_steps": 1000.0,
+                "sync/seconds": random.random(),
+                "data/prompts_consumed": float(consumed),
+                **{
+                    f"timing/{p}": random.random()
+                    for p in ("rollout", "reward", "update", "weight_sync", "step")
+                },
+            },
+        )
+        decisions.labels("none", "tolerance").inc()
         time.sleep(0.2)
 
 
-def operator() -> None:
-    from prometheus_client import Counter
-
+def operator(port: int) -> None:
     from rlhf_operator import metrics as m  # the real operator metrics
+
+    start_http_server(port, addr="127.0.0.1")
 
     decisions = Counter("rlhf_operator_autoscale_decisions_total", "Autoscaler decisions.", ["direction"])
     while True:
@@ -56,5 +82,5 @@ def operator() -> None:
 
 
 if __name__ == "__main__":
-    start_http_server(int(sys.argv[1]), addr="127.0.0.1")
-    operator() if sys.argv[2] == "operator" else trainer(sys.argv[2])
+    port, mode = int(sys.argv[1]), sys.argv[2]
+    operator(port) if mode == "operator" else trainer(port, mode)

@@ -1,10 +1,12 @@
 """A real Prometheus (Debian's package) scrapes live exporters; every dashboard expression
 returns data, and the alerts fire exactly for the job that should trigger them.
 
-STAND-IN: the trainer targets are `standin_exporter.py` processes serving the trainer's metric
-names via prometheus_client, because the real controller does not export metrics yet; the
-operator target uses the real `rlhf_operator.metrics` module. The integration lead switches the
-trainer targets to a real `rlhf run`. Fails (does not skip) without the prometheus binary.
+PARTLY A STAND-IN: the trainer targets run the controller's real exporter classes
+(`rlhf_trainer.metrics.StepMetrics` + `MetricsServer`) fed synthetic step metrics by
+`standin_exporter.py`, not a real `rlhf run` (the controller's elastic fleet was landing while
+this was written); the operator target uses the real `rlhf_operator.metrics` module. The
+integration lead switches the trainer targets to a real run. Fails (does not skip) without the
+prometheus binary.
 """
 
 from __future__ import annotations
