@@ -217,7 +217,13 @@ class SyncGroup:
         tp_rank: int = 0,
     ) -> PushResult:
         """Send the weights (source only) and wait until every live receiver confirmed them.
-        With `plan`, every receiver of this group gets rank `tp_rank`'s slices."""
+        With `plan`, every receiver of this group gets rank `tp_rank`'s slices.
+
+        FSDP2 sources: DTensors in `named_tensors` are gathered per parameter during the stream,
+        and gathered again by each retry after a dropped member — the other FSDP ranks must then
+        run `drain_full_tensors` once per attempt (`PushResult.attempts`), which they cannot know
+        in advance. Either pass materialized tensors (holds the full model for the push; what
+        `workers/actor.py` does) or accept that a retry needs that coordination."""
         if not self.is_source:
             raise SyncError(f"{self.me} is not the source of generation {self.generation} ({self.members})")
         items = list(named_tensors)
