@@ -142,7 +142,29 @@ def cmd_controller(args: argparse.Namespace) -> int:
     if job is None:
         return 2
     reporter = StatusReporter.from_environment(job.metadata_name, job.namespace)
-    return _run(job, Path(args.spec_file).parent, None, args.run_dir, True, args.ray_address, reporter)
+    ray_address = prepare_controller_pod(job, args.ray_address)
+    return _run(job, Path(args.spec_file).parent, None, args.run_dir, True, ray_address, reporter)
+
+
+def prepare_controller_pod(job: Any, ray_address: str | None, start: Any = None) -> str | None:
+    """Inside the job's controller pod (the operator sets RLHF_ROLE=controller): serve /metrics on
+    the port the operator's Service and readiness probe use (RLHF_METRICS_PORT), and start the Ray
+    head the role pods join (`ray start --address=<controller>:6379`). Returns the address to join.
+    Outside a pod it changes nothing."""
+    import subprocess
+
+    from rlhf_operator.children import RAY_PORT
+
+    if os.environ.get("RLHF_ROLE") != "controller":
+        return ray_address
+    if os.environ.get("RLHF_METRICS_PORT"):
+        job.spec.output.metrics_port = int(os.environ["RLHF_METRICS_PORT"])
+    if ray_address:
+        return ray_address
+    cmd = ["ray", "start", "--head", f"--port={RAY_PORT}", "--num-cpus=0", "--disable-usage-stats"]
+    logging.getLogger(__name__).info("starting the job's Ray head: %s", " ".join(cmd))
+    (start or subprocess.run)(cmd, check=True)
+    return "auto"
 
 
 class StatusReporter:
@@ -170,16 +192,19 @@ class StatusReporter:
 
     def progress(self, done: int, total: int, metrics: dict[str, float]) -> dict[str, Any]:
         """The `status.progress` object for `done` of `total` steps."""
+        import math
+
         keep = ("reward/mean", "actor/kl", "timing/step", "perf/samples_per_second", "actor/policy_version")
-        return {
-            "status": {
-                "progress": {
-                    "step": done,
-                    "totalSteps": total,
-                    "metrics": {k.replace("/", "_"): f"{metrics[k]:.6g}" for k in keep if k in metrics},
-                }
-            }
+        progress: dict[str, Any] = {
+            "step": done,
+            "totalSteps": total,
+            "metrics": {k.replace("/", "_"): f"{metrics[k]:.6g}" for k in keep if k in metrics},
         }
+        reward = metrics.get("reward/mean")
+        # A number for the printer column; NaN (every sample's reward failed) cannot travel in JSON.
+        if isinstance(reward, (int, float)) and math.isfinite(reward):
+            progress["reward"] = float(reward)
+        return {"status": {"progress": progress}}
 
     def __call__(self, done: int, total: int, metrics: dict[str, float]) -> None:
         from rlhf_operator.labels import GROUP, PLURAL, VERSION

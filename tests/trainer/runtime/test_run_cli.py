@@ -49,9 +49,12 @@ def test_status_progress_payload():
                 "step": 3,
                 "totalSteps": 10,
                 "metrics": {"reward_mean": "0.5", "timing_step": "1.25"},
+                "reward": 0.5,
             }
         }
     }
+    nan = reporter.progress(4, 10, {"reward/mean": float("nan")})["status"]["progress"]
+    assert "reward" not in nan  # JSON has no NaN: a patch carrying one would be refused
 
 
 def test_controller_outside_a_pod_reports_nothing(monkeypatch):

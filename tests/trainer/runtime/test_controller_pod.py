@@ -1,0 +1,55 @@
+"""`rlhf controller` inside the controller pod the operator builds: the metrics port and Ray head
+the pod spec promises (Service port, readiness probe, role pods' `ray start --address`)."""
+
+from __future__ import annotations
+
+import copy
+
+from rlhf_operator import children
+from rlhf_trainer.run_cli import prepare_controller_pod
+from rlhf_trainer.spec import parse_job
+
+JOB = {
+    "apiVersion": "rlhf.dev/v1alpha1",
+    "kind": "RLTrainingJob",
+    "metadata": {"name": "j", "namespace": "ns"},
+    "spec": {
+        "model": {"path": "m"},
+        "data": {"path": "d.jsonl"},
+        "reward": {"functions": [{"path": "r:f"}]},
+        "roles": {"placement": "disaggregated", "critic": {"replicas": 0}, "reference": {"replicas": 0}},
+    },
+}
+
+
+def _pod_env(job, role):
+    pod = children.build_pod(job, role, 0, attempt=0)
+    return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}, pod
+
+
+def test_controller_pod_serves_metrics_on_the_port_its_pod_spec_names(monkeypatch):
+    job = parse_job(copy.deepcopy(JOB))
+    env, pod = _pod_env(job, "controller")
+    for key in ("RLHF_ROLE", "RLHF_METRICS_PORT"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    started: list[list[str]] = []
+    address = prepare_controller_pod(job, None, start=lambda cmd, check: started.append(cmd))
+    ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert job.spec.output.metrics_port == ports["metrics"]
+    # The head listens where the role pods' `ray start --address=<controller>:<port>` points.
+    (cmd,) = started
+    assert cmd[:3] == ["ray", "start", "--head"] and f"--port={ports['ray']}" in cmd
+    assert address == "auto"
+    _, actor = _pod_env(job, "actor")
+    assert (
+        f"--address={children.controller_address(job)}:{ports['ray']}"
+        in actor["spec"]["containers"][0]["command"]
+    )
+
+
+def test_outside_a_pod_nothing_changes(monkeypatch):
+    job = parse_job(copy.deepcopy(JOB))
+    monkeypatch.delenv("RLHF_ROLE", raising=False)
+    assert prepare_controller_pod(job, "10.0.0.1:6379", start=lambda *a, **k: 1 / 0) == "10.0.0.1:6379"
+    assert job.spec.output.metrics_port == 0
