@@ -50,9 +50,24 @@ def test_policy_scales_rollout_fleet_1_3_2(tiny_model, ray_session, tmp_path):
 
     syncs: list[SyncRecord] = []
 
+    scraped: dict[str, float | None] = {}
+
     def synced(record: SyncRecord) -> None:
         syncs.append(record)
         clock.t = 20.0 * (record.step + 2)  # the next boundary is 20 s later
+        if record.step == 4:  # the controller's /metrics, as Prometheus would see it
+            from urllib.request import urlopen
+
+            from rlhf_trainer.autoscale import parse_exposition
+
+            port = (tmp_path / "metrics_port").read_text().strip()
+            text = urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            for series in (
+                "rlhf_autoscale_decisions_total",
+                "rlhf_rollout_replicas",
+                "rlhf_rollout_max_replicas",
+            ):
+                scraped[series] = parse_exposition(text, series, "sum")
 
     job = make_job(
         "elastic-scale",
@@ -89,6 +104,12 @@ def test_policy_scales_rollout_fleet_1_3_2(tiny_model, ray_session, tmp_path):
         assert s.actor_digest and s.dropped == []
         assert s.replica_digests == {m: s.actor_digest for m in s.members}, s
     assert syncs[3].members == ["rollout-0", "rollout-1"]  # the newest replica left
+    # 5 evaluations counted; the gauges as of the last logged step (3)
+    assert scraped == {
+        "rlhf_autoscale_decisions_total": 5,
+        "rlhf_rollout_replicas": 2,
+        "rlhf_rollout_max_replicas": 3,
+    }
     exactly_once(rows, prompts=30)
 
 
