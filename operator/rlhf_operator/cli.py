@@ -7,6 +7,7 @@ Importing this module is cheap: kopf and the Kubernetes client are imported only
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ def _cmd_crd(args: argparse.Namespace) -> int:
 
 def _cmd_operator(args: argparse.Namespace) -> int:
     import logging
+    import os
 
     import kopf
     from prometheus_client import start_http_server
@@ -42,6 +44,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     if args.all_namespaces and args.namespace:
         print("rlhf operator: give --namespace or --all-namespaces, not both", file=sys.stderr)
         return 2
+    os.environ["RLHF_OPERATOR_CONTROLLER_METRICS_URL"] = args.controller_metrics_url
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("rlhf_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     logging.getLogger("urllib3").setLevel(logging.WARNING)
@@ -96,6 +99,14 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument(
         "--metrics-port", type=int, default=0, metavar="PORT", help="serve Prometheus /metrics (0: off)"
+    )
+    p.add_argument(
+        "--controller-metrics-url",
+        metavar="TEMPLATE",
+        default=os.environ.get("RLHF_OPERATOR_CONTROLLER_METRICS_URL")
+        or "http://{job}-controller.{job}.{namespace}.svc:8080/metrics",
+        help="where the autoscaler scrapes a job's controller when the job names no Prometheus; "
+        "{job} and {namespace} are substituted (env RLHF_OPERATOR_CONTROLLER_METRICS_URL)",
     )
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     p.set_defaults(func=_cmd_operator)

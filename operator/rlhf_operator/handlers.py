@@ -20,7 +20,7 @@ from typing import Any
 
 import kopf
 
-from rlhf_operator import kube
+from rlhf_operator import autoscaler, kube
 from rlhf_operator.executor import Executor
 from rlhf_operator.labels import FINALIZER, GROUP, JOB_NAME, PLURAL, VERSION
 
@@ -28,6 +28,10 @@ from rlhf_operator.labels import FINALIZER, GROUP, JOB_NAME, PLURAL, VERSION
 RESYNC_SECONDS = float(os.environ.get("RLHF_OPERATOR_RESYNC_SECONDS", "300"))
 #: Collect a burst of watch events for this long before a pass.
 DEBOUNCE_SECONDS = float(os.environ.get("RLHF_OPERATOR_DEBOUNCE_SECONDS", "0.2"))
+
+#: Template of the controller pod's /metrics URL the autoscaler scrapes when a job names no
+#: Prometheus (`{job}`, `{namespace}` substituted); set by `rlhf operator --controller-metrics-url`.
+CONTROLLER_METRICS_URL_ENV = "RLHF_OPERATOR_CONTROLLER_METRICS_URL"
 
 _wake: dict[tuple[str, str], asyncio.Event] = {}
 _executor: Executor | None = None
@@ -38,7 +42,8 @@ log = logging.getLogger(__name__)
 def _get_executor() -> Executor:
     global _executor
     if _executor is None:
-        _executor = Executor(kube.Kube())
+        url = os.environ.get(CONTROLLER_METRICS_URL_ENV) or autoscaler.DEFAULT_CONTROLLER_METRICS_URL
+        _executor = Executor(kube.Kube(), controller_metrics_url=url)
     return _executor
 
 

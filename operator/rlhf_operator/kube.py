@@ -165,6 +165,19 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
+    def scale(self, job: dict[str, Any], replicas: int) -> dict[str, Any]:
+        """Write the job's `/scale` subresource (spec.roles.rollout.replicas), as an HPA does, only
+        if the job is unchanged since read (a concurrent `kubectl scale` wins; the caller re-reads)."""
+        meta = job["metadata"]
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "spec": {"replicas": replicas}}
+        return self._call(  # type: ignore[no-any-return]
+            "PATCH",
+            path(labels.API_VERSION, labels.KIND, meta["namespace"], meta["name"], "scale"),
+            body=patch,
+            query=[("fieldManager", labels.FIELD_MANAGER)],
+            content_type="application/merge-patch+json",
+        )
+
     def event(self, job: dict[str, Any], type_: str, reason: str, message: str, now: str) -> None:
         meta = job["metadata"]
         body = {

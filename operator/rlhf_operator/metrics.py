@@ -21,6 +21,11 @@ JOBS = Gauge("rlhf_operator_jobs", "RLTrainingJobs by phase.", ["phase"])
 RESTARTS = Counter("rlhf_operator_gang_restarts_total", "Gang restarts the operator started.")
 PODS_CREATED = Counter("rlhf_operator_pods_created_total", "Pods created.")
 PODS_DELETED = Counter("rlhf_operator_pods_deleted_total", "Pods deleted.")
+AUTOSCALE_DECISIONS = Counter(
+    "rlhf_operator_autoscale_decisions_total",
+    "Evaluations of the rollout autoscaling policy, by direction (up, down, none).",
+    ["direction"],
+)
 
 _phases: dict[tuple[str, str], str] = {}
 

@@ -4,7 +4,8 @@ and the pure helpers that compute it (conditions, the printer-column summaries).
 Who writes what:
 
 * the operator: phase, conditions, observedGeneration, restarts, startTime, completionTime,
-  summary, rollout.{desired, ready, selector, generation};
+  summary, rollout.{desired, ready, selector, generation}, and autoscaling.* (the autoscaler's
+  memory: it writes that key alone, in its own patch);
 * the controller pod: progress.* and rollout.syncedGeneration (the resharding protocol).
 
 The operator writes its keys with a JSON merge patch that never names the controller's keys, so
@@ -83,6 +84,33 @@ class RolloutStatus:
 
 
 @dataclass
+class RecommendationStatus:
+    """One past recommendation of the autoscaling policy (kept for the stabilization window)."""
+
+    time: float = _f(doc="When it was made (Unix seconds).")
+    replicas: int = _f(doc="Replicas the proportional rule recommended (before stabilization).")
+
+
+@dataclass
+class AutoscalingStatus:
+    """The operator's autoscaler (spec.autoscaling): its memory between periods and its last decision."""
+
+    recommendations: list[RecommendationStatus] = _f(
+        [], doc="Recommendations within the stabilization window, oldest first."
+    )
+    last_evaluation_time: str | None = _f(None, doc="When the policy last ran (RFC 3339).")
+    last_reshard_time: str | None = _f(
+        None,
+        doc="When rollout.syncedGeneration last caught up with rollout.generation (RFC 3339); the "
+        "cooldown counts from here.",
+    )
+    resharded_generation: int = _f(0, doc="The rollout generation whose sync set lastReshardTime.")
+    signal: float | None = _f(None, doc="Value of the signal at the last evaluation (absent: no data).")
+    desired_replicas: int | None = _f(None, doc="Replicas the last evaluation wanted.")
+    reason: str = _f("", doc="Why, in one line (also posted as an Event when the count changed).")
+
+
+@dataclass
 class SummaryStatus:
     """Values shown by `kubectl get rltj` (printer columns cannot format or combine fields)."""
 
@@ -105,6 +133,9 @@ class JobStatus:
     completion_time: str | None = _f(None, doc="When the job Succeeded or Failed (RFC 3339).")
     progress: ProgressStatus = _f(ProgressStatus, doc="Training progress (written by the controller pod).")
     rollout: RolloutStatus = _f(RolloutStatus, doc="The rollout fleet.")
+    autoscaling: AutoscalingStatus = _f(
+        AutoscalingStatus, doc="The operator's autoscaler (only while spec.autoscaling.enabled)."
+    )
     summary: SummaryStatus = _f(SummaryStatus, doc="Printer-column strings.")
 
 

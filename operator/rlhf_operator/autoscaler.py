@@ -1,0 +1,183 @@
+"""The operator's autoscaler: the shared policy (`rlhf_trainer.autoscale.decide`) applied to one
+RLTrainingJob, as pure functions of the job and its status.
+
+The policy needs a memory between periods: the recent recommendations (for the scale-down
+stabilization window) and the time of the last completed reshard (for the cooldown). The operator
+is level-based, so that memory lives in the job's `status.autoscaling`, not in the process: a
+restarted operator continues where the last one stopped. Each pass the executor
+
+1. asks `observe_reshard` whether `status.rollout.syncedGeneration` has caught up with
+   `generation` since the last look (then the reshard completed: `lastReshardTime` = now);
+2. asks `due_in` whether `periodSeconds` have passed since `lastEvaluationTime`;
+3. if due, reads the signal from `metric_source(...)` (the only I/O, done by the executor) and
+   calls `evaluate`, which returns the new `status.autoscaling`, the replica count to write to the
+   `/scale` subresource (None: unchanged), an Event and a log line.
+
+Writing `/scale` is all the autoscaler does to the fleet: the ordinary reconcile then creates the
+new pods, bumps `status.rollout.generation` and deletes leaving pods only once the controller
+reports them drained (`rollout.py`), exactly as after `kubectl scale` or an HPA's write.
+
+One rule beyond the shared policy: while a reshard is in flight (the controller has reported a
+`syncedGeneration`, but an older one than `generation`) the fleet is held, because the trainer's
+wait during a sync is not evidence of load and the previous change has not yet taken effect.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from rlhf_operator.status import parse_time, rfc3339
+from rlhf_trainer.autoscale import (
+    Decision,
+    MetricSource,
+    PrometheusSource,
+    Recommendation,
+    ScrapeSource,
+    decide,
+    prune,
+)
+from rlhf_trainer.spec import RLTrainingJob
+
+#: Where the controller pod serves `/metrics` when no Prometheus is configured; `{job}` and
+#: `{namespace}` are substituted. `rlhf operator --controller-metrics-url` overrides it.
+DEFAULT_CONTROLLER_METRICS_URL = "http://{job}-controller.{job}.{namespace}.svc:8080/metrics"
+#: The most recommendations kept in status (the CRD's maxItems).
+MAX_RECOMMENDATIONS = 64
+#: Seconds a metric read may take before the evaluation counts as "no data".
+READ_TIMEOUT_SECONDS = 3.0
+
+
+def enabled(job: RLTrainingJob | None, phase: str | None) -> bool:
+    """The autoscaler runs only for a valid job with autoscaling on, while it is Running."""
+    return job is not None and job.spec.autoscaling.enabled and phase == "Running"
+
+
+def controller_metrics_url(template: str, job: str, namespace: str) -> str:
+    return template.replace("{job}", job).replace("{namespace}", namespace)
+
+
+def metric_source(job: RLTrainingJob, url_template: str = DEFAULT_CONTROLLER_METRICS_URL) -> MetricSource:
+    """PromQL against `spec.autoscaling.prometheus.url` when set, else a scrape of the controller."""
+    a = job.spec.autoscaling
+    name, namespace = job.metadata_name, job.namespace
+    if a.prometheus is not None:
+        return PrometheusSource.for_job(
+            a.prometheus.url, a.metric, name, namespace, a.prometheus.query, timeout=READ_TIMEOUT_SECONDS
+        )
+    url = controller_metrics_url(url_template, name, namespace)
+    return ScrapeSource.for_metric(url, a.metric, timeout=READ_TIMEOUT_SECONDS)
+
+
+def observe_reshard(auto: dict[str, Any], rollout: dict[str, Any], now: dt.datetime) -> dict[str, Any] | None:
+    """The new `status.autoscaling` when a reshard completed since the last look, else None.
+
+    A reshard completes when the controller's `syncedGeneration` reaches the operator's
+    `generation`; `reshardedGeneration` remembers which one was seen, so it is stamped once.
+    """
+    generation = int(rollout.get("generation") or 0)
+    synced = int(rollout.get("syncedGeneration") or 0)
+    seen = int(auto.get("reshardedGeneration") or 0)
+    if generation <= 0 or synced < generation or seen >= generation:
+        return None
+    return {**auto, "reshardedGeneration": generation, "lastReshardTime": rfc3339(now)}
+
+
+def due_in(auto: dict[str, Any], period_seconds: float, now: dt.datetime) -> float:
+    """Seconds until the next evaluation (<= 0: now)."""
+    last = parse_time(auto.get("lastEvaluationTime"))
+    if last is None:
+        return 0.0
+    return period_seconds - (now - last).total_seconds()
+
+
+def compact(history: list[Recommendation], limit: int = MAX_RECOMMENDATIONS) -> list[Recommendation]:
+    """Drop entries that can never be the window's maximum: one followed by a later entry at least
+    as high (the later one stays in the window longer). Keeps the newest `limit`."""
+    kept: list[Recommendation] = []
+    for rec in reversed(history):
+        if not kept or rec.replicas > kept[-1].replicas:
+            kept.append(rec)
+    return list(reversed(kept))[-limit:]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What one evaluation decided."""
+
+    #: The new `status.autoscaling` (written whatever the decision).
+    status: dict[str, Any]
+    decision: Decision
+    #: Write this to the /scale subresource (None: the count stays).
+    replicas: int | None
+    #: One line for the log, and for an Event when `replicas` is set.
+    message: str
+    #: Event reason (`AutoscaledUp`, `AutoscaledDown`) when `replicas` is set.
+    event_reason: str | None
+
+
+def evaluate(
+    job: RLTrainingJob,
+    auto: dict[str, Any],
+    rollout: dict[str, Any],
+    signal: float | None,
+    now: dt.datetime,
+    read_error: str | None = None,
+) -> Evaluation:
+    """Run the policy once. `auto` and `rollout` are the job's `status.autoscaling` and
+    `status.rollout`; `signal` the value just read (None: absent or unreadable, see `read_error`)."""
+    a, r = job.spec.autoscaling, job.spec.roles.rollout
+    t = now.timestamp()
+    history = [Recommendation.from_dict(d) for d in auto.get("recommendations") or []]
+    last_reshard = parse_time(auto.get("lastReshardTime"))
+    generation = int(rollout.get("generation") or 0)
+    synced = int(rollout.get("syncedGeneration") or 0)
+    current = r.replicas
+    if 0 < synced < generation:
+        d = Decision(
+            current,
+            current,
+            "none",
+            "resharding",
+            f"reshard in flight (generation {generation}, synced {synced}); holding {current}",
+            current,
+            signal=signal,
+        )
+    else:
+        d = decide(
+            current=current,
+            min_replicas=r.min_replicas,
+            max_replicas=r.max_replicas,
+            signal=signal,
+            target=a.target,
+            tolerance=a.tolerance,
+            history=history,
+            now=t,
+            last_reshard=None if last_reshard is None else last_reshard.timestamp(),
+            window=float(a.stabilization_window_seconds),
+            cooldown=float(a.cooldown_seconds),
+            metric=a.metric,
+        )
+    history = compact(
+        prune([*history, Recommendation(t, d.recommendation)], t, a.stabilization_window_seconds)
+    )
+    reason = d.reason if read_error is None or d.cause != "no_data" else f"{d.reason} ({read_error})"
+    status = {
+        **auto,
+        "recommendations": [h.to_dict() for h in history],
+        "lastEvaluationTime": rfc3339(now),
+        "signal": signal if signal is not None and math.isfinite(signal) else None,
+        "desiredReplicas": d.desired,
+        "reason": reason[:1024],
+    }
+    changed = d.desired != current
+    message = f"rollout replicas {current} -> {d.desired} [{d.cause}]: {reason}"
+    return Evaluation(
+        status=status,
+        decision=d,
+        replicas=d.desired if changed else None,
+        message=message[:1024],
+        event_reason=("AutoscaledUp" if d.direction == "up" else "AutoscaledDown") if changed else None,
+    )
