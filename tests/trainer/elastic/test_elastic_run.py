@@ -148,7 +148,11 @@ def test_replica_killed_during_sync_is_replaced(tiny_model, ray_session, tmp_pat
     job = make_job(
         "elastic-kill",
         training={"steps": 4},
-        roles={"placement": "disaggregated", "rollout": {"replicas": 2, "maxReplicas": 2}},
+        roles={
+            "placement": "disaggregated",
+            "actor": {"replicas": 2},  # FSDP2: a failed stream makes both ranks gather again
+            "rollout": {"replicas": 2, "maxReplicas": 2},
+        },
     )
     options = ElasticOptions(
         verify_weights=True,

@@ -6,6 +6,7 @@ rollouts itself (the hybrid engine: an `HFRolloutEngine` over the same weights).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from torch import Tensor, nn
@@ -34,6 +35,28 @@ class AlgorithmCache:
         if state is not None:
             algorithm.load_state_dict(state)
         return algorithm
+
+
+class GatherCounter:
+    """A one-rank, whole-tensor `sync.ReshardPlan` for `SyncGroup.push` whose transform counts
+    the tensors materialized so far: after a failed stream the source knows how many FSDP gathers
+    the other ranks are still waiting in."""
+
+    def __init__(self, params: Sequence[tuple[str, Tensor]]):
+        self.params = params
+        self.done = 0
+
+    def metas(self, tp_rank: int, dtypes: Any) -> list[Any]:
+        from rlhf_trainer.sync import TensorMeta
+
+        return [TensorMeta.of(name, p) for name, p in self.params]
+
+    def transform(self, tp_rank: int) -> Any:
+        def count(name: str, full: Tensor) -> Tensor:
+            self.done += 1
+            return full
+
+        return count
 
 
 class ActorWorker(TrainableWorker):
@@ -114,27 +137,66 @@ class ActorWorker(TrainableWorker):
         self.sync.rebuild(members, generation)
 
     def sync_push(self, version: int, verify: bool = False) -> dict[str, Any] | None:
-        """Send the current weights to every member (a collective over the actor ranks: the FSDP
-        shards are gathered once, so a retry after a dropped member needs no more gathers).
-        Rank 0 returns what `SyncGroup.push` reported, and with `verify` the weights' digest."""
-        from rlhf_trainer.sync import drain_full_tensors, materialize, tensor_digest
+        """Send the current weights to every member; a collective over the actor ranks.
+
+        The FSDP2 shards are gathered one parameter at a time as the stream reaches them (rank
+        0 streams, the other ranks `drain_full_tensors` alongside), so no rank holds more than
+        the bucket buffers and one full parameter. When an attempt fails (a member died), rank 0
+        completes the gathers the stream did not reach, tells the other ranks over the actor
+        group to gather once more, and streams again to the survivors. Rank 0 returns what the
+        push reported, and with `verify` the weights' digest (one more gather pass)."""
+        from rlhf_trainer.sync import SyncError, drain_full_tensors, materialize, tensor_digest
 
         params = list(self.model.named_parameters())
         if self.rank != 0:
-            drain_full_tensors(params)
+            while True:
+                drain_full_tensors(params)
+                if not self._sync_retry_flag(False):
+                    break
+            if verify:
+                drain_full_tensors(params)
             return None
-        full = [(name, materialize(p)) for name, p in params]  # (gathered under FSDP2)
-        res = self.sync.push(full, version)
+        sync, counter = self.sync, GatherCounter(params)
+        before = [m for m in sync.members if m != sync.me]
+        attempts, limit = 0, sync.max_attempts
+        sync.max_attempts = 1  # one stream per gather pass: the retries are driven from here
+        try:
+            while True:
+                attempts += 1
+                counter.done = 0
+                try:
+                    res = sync.push(params, version, plan=counter)  # type: ignore[arg-type]
+                    break
+                except SyncError:
+                    drain_full_tensors(params[counter.done :])  # the gathers the others still wait in
+                    if not self._sync_retry_flag(attempts < limit):
+                        raise
+        finally:
+            sync.max_attempts = limit
+        self._sync_retry_flag(False)
         return {
             "members": res.members,
-            "dropped": res.dropped,
-            "attempts": res.attempts,
+            "dropped": [m for m in before if m not in res.members],
+            "attempts": attempts,
             "generation": res.generation,
             "epoch": res.epoch,
             "seconds": res.stats.seconds,
             "bytes": res.stats.bytes,
-            "digest": tensor_digest(full) if verify else None,
+            "peak_extra_bytes": res.stats.peak_extra_bytes,
+            # gathered in the stream's order, as the other ranks drain them
+            "digest": tensor_digest([(n, materialize(t)) for n, t in params]) if verify else None,
         }
+
+    def _sync_retry_flag(self, retry: bool) -> bool:
+        """Rank 0's word to the other actor ranks after a sync attempt: gather again, or done."""
+        import torch
+        import torch.distributed as dist
+
+        if self.world_size == 1:
+            return retry
+        flag = torch.tensor([1 if retry else 0])
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
 
     # -- scoring and training ------------------------------------------------------------------
     def compute_log_probs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
