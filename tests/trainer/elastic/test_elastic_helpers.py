@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf_trainer.dataflow.elastic import rollout_tensors, step_signal
+from rlhf_trainer.dataflow.elastic import keep_prompts, rollout_tensors, step_signal
 
 
 def test_step_signal_from_the_steps_timings():
@@ -45,3 +45,12 @@ def test_rollout_tensors_restores_prompt_order():
     assert batch.prompt_ids.squeeze(1).tolist() == [100, 100, 101, 101, 102, 102, 103, 103, 104, 104]
     assert batch.response_ids.squeeze(1).tolist() == [t * 10 for t in batch.prompt_ids.squeeze(1).tolist()]
     assert version.tolist() == [6] * 6 + [7] * 4
+
+
+def test_keep_prompts_drops_the_rows_of_refused_leases():
+    out = keep_prompts(_output([100, 101, 102], 2, version=3), keep=[0, 2])
+    assert out["prompt_index"] == [0, 0, 2, 2]
+    assert out["prompt_ids"].squeeze(1).tolist() == [100, 100, 102, 102]
+    assert out["policy_version"].tolist() == [3, 3, 3, 3]
+    batch, _ = rollout_tensors([out], [[7, 8, 9]])
+    assert batch.prompt_index == [7, 7, 9, 9]

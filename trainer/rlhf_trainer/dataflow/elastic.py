@@ -214,14 +214,17 @@ class RolloutFleet:
                     if self.queue.queued() and self.queue.in_flight(other) == 0:
                         lease(other)
                 continue
-            if not all(self.queue.ack(name, pids)):
-                continue  # refused (this replica lost its lease): the requeued copy counts
+            acked = self.queue.ack(name, pids)
+            if not any(acked):
+                continue
+            if not all(acked):  # refused (this replica lost those leases): the requeued copies count
+                out = keep_prompts(out, [i for i, ok in enumerate(acked) if ok])
             outputs.append(out)
             positions.append(pos)
             if self.queue.queued():
                 lease(name)
         self.queue.check()
-        done = sorted(p for ps in positions for p in ps)
+        done = sorted(ps[i] for out, ps in zip(outputs, positions) for i in sorted(set(out["prompt_index"])))
         if done != list(range(len(prompts))):
             raise RuntimeError(
                 f"step {step}: prompts generated {done} are not each of 0..{len(prompts) - 1} once"
@@ -454,6 +457,18 @@ def reshard_if_needed(ctx: Any, metrics: dict[str, float]) -> None:
         return
     fleet.evaluate(ctx.step, metrics)
     metrics.update(fleet.reshard(ctx.step))
+
+
+def keep_prompts(out: dict[str, Any], keep: list[int]) -> dict[str, Any]:
+    """The rows of one `generate` output whose prompt (index in that call) is in `keep`."""
+    from rlhf_trainer.rollout import RolloutBatch
+
+    version = out.pop("policy_version")
+    batch = RolloutBatch.from_dict(out)
+    rows = [r for r, i in enumerate(batch.prompt_index) if i in set(keep)]
+    kept: dict[str, Any] = batch.select(rows).to_dict()
+    kept["policy_version"] = version[torch.tensor(rows, dtype=torch.long)]
+    return kept
 
 
 def rollout_tensors(outputs: list[dict[str, Any]], positions: list[list[int]]) -> Any:
