@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_operator.status import parse_time, rfc3339
+from rlhf_operator.status import parse_time
 from rlhf_trainer.autoscale import (
     Decision,
     MetricSource,
@@ -48,6 +48,19 @@ DEFAULT_CONTROLLER_METRICS_URL = "http://{job}-controller.{job}.{namespace}.svc:
 MAX_RECOMMENDATIONS = 64
 #: Seconds a metric read may take before the evaluation counts as "no data".
 READ_TIMEOUT_SECONDS = 3.0
+
+
+def stamp(t: dt.datetime) -> str:
+    """RFC 3339 with microseconds (like Kubernetes' MicroTime): periods and cooldowns of a few
+    seconds must not lose up to a second to truncation."""
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_stamp(value: str | None) -> dt.datetime | None:
+    """A time written by `stamp`, or by `status.rfc3339` (whole seconds)."""
+    if value and "." in value:
+        return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc)
+    return parse_time(value)
 
 
 def enabled(job: RLTrainingJob | None, phase: str | None) -> bool:
@@ -82,12 +95,12 @@ def observe_reshard(auto: dict[str, Any], rollout: dict[str, Any], now: dt.datet
     seen = int(auto.get("reshardedGeneration") or 0)
     if generation <= 0 or synced < generation or seen >= generation:
         return None
-    return {**auto, "reshardedGeneration": generation, "lastReshardTime": rfc3339(now)}
+    return {**auto, "reshardedGeneration": generation, "lastReshardTime": stamp(now)}
 
 
 def due_in(auto: dict[str, Any], period_seconds: float, now: dt.datetime) -> float:
     """Seconds until the next evaluation (<= 0: now)."""
-    last = parse_time(auto.get("lastEvaluationTime"))
+    last = parse_stamp(auto.get("lastEvaluationTime"))
     if last is None:
         return 0.0
     return period_seconds - (now - last).total_seconds()
@@ -131,7 +144,7 @@ def evaluate(
     a, r = job.spec.autoscaling, job.spec.roles.rollout
     t = now.timestamp()
     history = [Recommendation.from_dict(d) for d in auto.get("recommendations") or []]
-    last_reshard = parse_time(auto.get("lastReshardTime"))
+    last_reshard = parse_stamp(auto.get("lastReshardTime"))
     generation = int(rollout.get("generation") or 0)
     synced = int(rollout.get("syncedGeneration") or 0)
     current = r.replicas
@@ -167,7 +180,7 @@ def evaluate(
     status = {
         **auto,
         "recommendations": [h.to_dict() for h in history],
-        "lastEvaluationTime": rfc3339(now),
+        "lastEvaluationTime": stamp(now),
         "signal": signal if signal is not None and math.isfinite(signal) else None,
         "desiredReplicas": d.desired,
         "reason": reason[:1024],

@@ -73,7 +73,7 @@ def test_observe_reshard_stamps_once_when_synced_catches_up(
     if stamped:
         assert out == {
             "reshardedGeneration": rollout["generation"],
-            "lastReshardTime": "2025-01-01T12:00:07Z",
+            "lastReshardTime": "2025-01-01T12:00:07.000000Z",
         }
     else:
         assert out is None
@@ -84,6 +84,32 @@ def test_due_in_counts_from_the_last_evaluation() -> None:
     auto = {"lastEvaluationTime": "2025-01-01T12:00:00Z"}
     assert autoscaler.due_in(auto, 5, at(3)) == pytest.approx(2)
     assert autoscaler.due_in(auto, 5, at(5)) <= 0
+
+
+def test_stamps_keep_sub_second_precision_and_read_whole_seconds() -> None:
+    t = at(1.25)
+    assert autoscaler.parse_stamp(autoscaler.stamp(t)) == t
+    assert autoscaler.parse_stamp("2025-01-01T12:00:01Z") == at(1)
+    assert autoscaler.due_in({"lastEvaluationTime": autoscaler.stamp(at(0.5))}, 1, at(1.25)) == pytest.approx(
+        0.25
+    )
+
+
+def test_cli_takes_the_controller_metrics_url_from_flag_or_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from rlhf_operator import cli
+
+    def parse(*argv: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        cli.add_subcommands(parser.add_subparsers())
+        return parser.parse_args(["operator", *argv])
+
+    monkeypatch.delenv("RLHF_OPERATOR_CONTROLLER_METRICS_URL", raising=False)
+    assert parse().controller_metrics_url == autoscaler.DEFAULT_CONTROLLER_METRICS_URL  # cli's copy agrees
+    assert parse("--controller-metrics-url", "http://x/{job}").controller_metrics_url == "http://x/{job}"
+    monkeypatch.setenv("RLHF_OPERATOR_CONTROLLER_METRICS_URL", "http://env/{namespace}")
+    assert parse().controller_metrics_url == "http://env/{namespace}"
 
 
 def test_compact_keeps_every_possible_window_maximum() -> None:
@@ -154,7 +180,7 @@ def test_evaluate(
     ev = autoscaler.evaluate(parsed(replicas), auto, rollout, signal, at(60), read_error="refused")
     assert ev.decision.cause == cause, (case, ev.message)
     assert ev.replicas == want, case
-    assert ev.status["lastEvaluationTime"] == "2025-01-01T12:01:00Z"
+    assert ev.status["lastEvaluationTime"] == "2025-01-01T12:01:00.000000Z"
     assert ev.status["desiredReplicas"] == (want if want is not None else replicas)
     assert ev.status["recommendations"][-1] == {
         "time": at(60).timestamp(),
@@ -271,7 +297,7 @@ def test_executor_stamps_the_reshard_between_evaluations() -> None:
     ex = Executor(fake, read=lambda src: pytest.fail("not due"))  # type: ignore[arg-type]
     ex.reconcile("ns", "j", now=at(1))
     auto = fake.job["status"]["autoscaling"]
-    assert auto["lastReshardTime"] == "2025-01-01T12:00:01Z" and auto["reshardedGeneration"] == 2
+    assert auto["lastReshardTime"] == "2025-01-01T12:00:01.000000Z" and auto["reshardedGeneration"] == 2
 
 
 def test_executor_leaves_disabled_jobs_alone() -> None:
