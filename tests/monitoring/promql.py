@@ -31,12 +31,13 @@ def _walk_targets(node: Any, path: str) -> list[tuple[str, str]]:
     return out
 
 
-def panel_exprs() -> list[tuple[str, str]]:
-    """(where, expr) for every panel target of every dashboard, Grafana variables substituted."""
+def panel_exprs(job: str = ".*") -> list[tuple[str, str]]:
+    """(where, expr) for every panel target of every dashboard, Grafana variables substituted
+    (`$job` by `job`, a regex: one job's name selects that job alone)."""
     out = []
     for f in sorted(DASHBOARDS.glob("*.json")):
         for where, expr in _walk_targets(json.loads(f.read_text()), f.name):
-            for var, value in GRAFANA_VARS.items():
+            for var, value in {**GRAFANA_VARS, "$job": job}.items():
                 expr = expr.replace(var, value)
             out.append((where, expr))
     return out

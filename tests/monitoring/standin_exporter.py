@@ -1,14 +1,13 @@
-"""Exporter processes for the live Prometheus test.
+"""Staged exporter processes for the live Prometheus test (the healthy job there is a real run).
 
-`healthy` / `stalled`: the REAL trainer exporter (`rlhf_trainer.metrics.StepMetrics` served by
-`MetricsServer`, the classes the controller uses) fed SYNTHETIC step dicts, so the series names,
-types and labels are the controller's own while no training runs. The two fleet-only series that
-`dataflow.elastic.RolloutFleet.attach_metrics` adds (`rlhf_rollout_max_replicas`,
-`rlhf_autoscale_decisions_total`) are registered here under the same names. The integration lead
-replaces this with a real `rlhf run`.
+`stalled`: the REAL trainer exporter (`rlhf_trainer.metrics.StepMetrics` served by
+`MetricsServer`, the classes the controller uses) fed step dicts that never advance, so the
+series names, types and labels are the controller's own while the job makes no progress. The two
+fleet-only series that `dataflow.elastic.RolloutFleet.attach_metrics` adds
+(`rlhf_rollout_max_replicas`, `rlhf_autoscale_decisions_total`) are registered under the same names.
 `operator`: the real `rlhf_operator.metrics` module, counters bumped by hand.
 
-    python standin_exporter.py PORT healthy|stalled|operator
+    python standin_exporter.py PORT stalled|operator
 """
 
 from __future__ import annotations
@@ -32,21 +31,17 @@ def trainer(port: int, mode: str) -> None:
         registry=m.registry,
     )
     MetricsServer(port=port, metrics=m)
-    step, consumed = 0, 0
+    step, consumed = 0, 0  # never advance: the job is stalled
     while True:
-        if mode == "healthy":
-            step += 1
-            consumed += 8
-        stalled = mode == "stalled"
         m.record(
             step,
             {
                 "reward/mean": random.random(),
                 "actor/kl": random.random() / 10,
                 "actor/entropy": 1 + random.random(),
-                "rollout/wait_fraction": 0.8 if stalled else 0.1,
+                "rollout/wait_fraction": 0.8,
                 "rollout/queue_depth": 12.0,
-                "rollout/replicas": 3.0 if stalled else 2.0,
+                "rollout/replicas": 3.0,
                 "perf/tokens_per_second": 1000 * random.random(),
                 "perf/samples_per_second": 10 * random.random(),
                 "policy_version": float(step),
@@ -68,7 +63,6 @@ def operator(port: int) -> None:
 
     start_http_server(port, addr="127.0.0.1")
 
-    decisions = Counter("rlhf_operator_autoscale_decisions_total", "Autoscaler decisions.", ["direction"])
     while True:
         m.RECONCILES.labels("ok").inc()
         m.ERRORS.labels("ApiException").inc()
@@ -77,7 +71,7 @@ def operator(port: int) -> None:
         m.RESTARTS.inc()
         m.PODS_CREATED.inc()
         m.PODS_DELETED.inc()
-        decisions.labels(random.choice(["up", "down", "none"])).inc()
+        m.AUTOSCALE_DECISIONS.labels(random.choice(["up", "down", "none"])).inc()
         time.sleep(0.2)
 
 

@@ -1,18 +1,22 @@
-"""A real Prometheus (Debian's package) scrapes live exporters; every dashboard expression
-returns data, and the alerts fire exactly for the job that should trigger them.
+"""A real Prometheus (Debian's package) scrapes a real `rlhf run`; every dashboard expression
+returns data for it, and the alerts fire exactly for the job that should trigger them.
 
-PARTLY A STAND-IN: the trainer targets run the controller's real exporter classes
-(`rlhf_trainer.metrics.StepMetrics` + `MetricsServer`) fed synthetic step metrics by
-`standin_exporter.py`, not a real `rlhf run` (the controller's elastic fleet was landing while
-this was written); the operator target uses the real `rlhf_operator.metrics` module. The
-integration lead switches the trainer targets to a real run. Fails (does not skip) without the
-prometheus binary.
+Targets: `real` is a real local run (GRPO, disaggregated placement, an elastic rollout fleet
+under the autoscaling policy) serving the controller's own /metrics. `stalled` is the one part
+that is staged: the controller's real exporter classes (`StepMetrics` + `MetricsServer`) fed
+step metrics that never advance (`standin_exporter.py`), because a real run that stalls on
+purpose is not something to wait for in a test. `operator` is the real `rlhf_operator.metrics`
+module with its counters bumped by hand (the operator itself needs a cluster; the cluster tests
+scrape the real one). Fails (does not skip) without the prometheus binary.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -45,14 +49,58 @@ def _query(url: str, expr: str) -> list[dict[str, Any]]:
     return result if body["data"]["resultType"] == "vector" else [{"value": result}]
 
 
+REAL_JOB = "real"
+
+
+def _real_run(tmp: Path, port: int) -> subprocess.Popen[bytes]:
+    """`rlhf run` of the elastic example, long enough to outlive the test, on a fixed metrics port."""
+    doc = yaml.safe_load((ROOT / "manifests" / "examples" / "elastic.yaml").read_text())
+    doc["metadata"]["name"] = REAL_JOB
+    spec = doc["spec"]
+    spec["training"]["steps"] = 100_000  # stopped by the fixture
+    spec["roles"]["actor"]["replicas"] = 1
+    spec["checkpoint"] = {"every": 0}
+    spec["output"] = {"metricsPort": port, "report": False, "progress": False}
+    manifest = tmp / "real.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    log = (tmp / "real.log").open("wb")
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlhf_trainer.cli",
+        "run",
+        str(manifest),
+        "--run-dir",
+        str(tmp / "run"),
+        "--no-resume",
+    ]
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGINT first (the run shuts Ray down cleanly), then the whole process group."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=60)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = shutil.which("prometheus")
     assert binary, "prometheus not found: install Debian's prometheus package (scripts/test.sh does)"
     tmp = tmp_path_factory.mktemp("prom")
     procs, targets = [], []
+    real_port = _port()
+    procs.append(_real_run(tmp, real_port))
+    targets.append(
+        {"targets": [f"127.0.0.1:{real_port}"], "labels": {"rlhf_job": REAL_JOB, "namespace": "team-a"}}
+    )
     env = {"PYTHONPATH": f"{ROOT / 'operator'}:{ROOT / 'trainer'}"}
-    for mode in ("healthy", "stalled", "operator"):
+    for mode in ("stalled", "operator"):
         port = _port()
         procs.append(
             subprocess.Popen([sys.executable, str(HERE / "standin_exporter.py"), str(port), mode], env=env)
@@ -69,34 +117,45 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # every target up and a few samples in
+        # The real run bootstraps its tiny model once (cached), starts Ray and its workers, then
+        # steps; wait for every target up and several of its steps scraped.
+        ready = f'rlhf_step{{rlhf_job="{REAL_JOB}"}} >= 4 and count_over_time(rlhf_step{{rlhf_job="{REAL_JOB}"}}[1m]) >= 5'
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and procs[0].poll() is None:
             try:
-                up = _query(url, "up == 1")
-                if len(up) == 3 and _query(url, "count_over_time(rlhf_step[1m]) >= 5"):
+                if len(_query(url, "up == 1")) == 3 and _query(url, ready):
                     break
             except OSError:
                 pass
-            time.sleep(0.5)
+            time.sleep(1)
         else:
-            raise AssertionError("Prometheus did not scrape the three targets within 60 s")
+            log = (tmp / "real.log").read_text()[-3000:]
+            raise AssertionError(
+                f"Prometheus did not get 5 steps of the real run and its 2 other targets:\n{log}"
+            )
         yield url
     finally:
-        for p in procs:
+        _stop(procs[0])
+        for p in procs[1:]:
             p.terminate()
-        for p in procs:
+        for p in procs[1:]:
             p.wait(timeout=10)
 
 
 def test_every_panel_expression_returns_data(prometheus: str) -> None:
-    empty = [(where, e) for where, e in panel_exprs() if not _query(prometheus, e)]
+    """Job-view panels are evaluated for the real run alone (its `$job`), so a series that only the
+    staged target exports would show up as empty here."""
+    empty = []
+    for where, expr in panel_exprs(job=REAL_JOB):
+        if not _query(prometheus, expr):
+            empty.append((where, expr))
     assert not empty, f"panel expressions with no data: {empty}"
 
 
 def test_alerts_fire_for_the_stalled_job_only(prometheus: str) -> None:
     exprs = dict(rule_exprs())
     firing = {name: {r["metric"].get("rlhf_job") for r in _query(prometheus, e)} for name, e in exprs.items()}
-    assert firing["RLHFJobNoProgress"] == {"stalled"}
+    assert firing["RLHFJobNoProgress"] == {"stalled"}  # the real run keeps stepping
     assert firing["RLHFRolloutSaturated"] == {"stalled"}
     assert firing["RLHFJobControllerRestarted"] == set()
     assert firing["RLHFJobRestarting"] == {None}  # the operator stand-in counts gang restarts
