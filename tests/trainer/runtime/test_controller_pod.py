@@ -4,6 +4,7 @@ the pod spec promises (Service port, readiness probe, role pods' `ray start --ad
 from __future__ import annotations
 
 import copy
+import json
 
 from rlhf_operator import children
 from rlhf_trainer.run_cli import prepare_controller_pod
@@ -53,3 +54,16 @@ def test_outside_a_pod_nothing_changes(monkeypatch):
     monkeypatch.delenv("RLHF_ROLE", raising=False)
     assert prepare_controller_pod(job, "10.0.0.1:6379", start=lambda *a, **k: 1 / 0) == "10.0.0.1:6379"
     assert job.spec.output.metrics_port == 0
+
+
+def test_ranks_ask_ray_for_their_role_pods_resource(monkeypatch):
+    from rlhf_trainer.workers.group import placement_resources
+
+    job = parse_job(copy.deepcopy(JOB))
+    monkeypatch.setenv("RLHF_ROLE", "controller")
+    for role in ("actor", "rollout"):
+        _, pod = _pod_env(job, role)
+        (advertised,) = [a for a in pod["spec"]["containers"][0]["command"] if a.startswith("--resources=")]
+        assert json.loads(advertised.split("=", 1)[1]) == placement_resources(role)
+    monkeypatch.delenv("RLHF_ROLE")
+    assert placement_resources("actor") == {}  # locally: plain CPU actors

@@ -24,6 +24,18 @@ from rlhf_trainer.spec import JobSpec
 DEFAULT_WORKER_CPUS = float(os.environ.get("RLHF_WORKER_CPUS", "0.25"))
 
 
+def placement_resources(role: str) -> dict[str, float]:
+    """Ray resources a rank of `role` asks for. On a cluster the driver runs in the job's controller
+    pod (RLHF_ROLE=controller) and each role pod joins Ray advertising `rlhf.dev/role-<role>: 1`
+    (rlhf_operator.children), so asking for it puts each rank on its own pod of its role. Locally
+    nothing advertises those resources, and nothing is asked."""
+    from rlhf_operator.labels import CONTROLLER_ROLE, RAY_ROLE_RESOURCE_PREFIX
+
+    if os.environ.get("RLHF_ROLE") != CONTROLLER_ROLE:
+        return {}
+    return {f"{RAY_ROLE_RESOURCE_PREFIX}{role}": 1.0}
+
+
 def get(refs: Sequence[Any]) -> list[Any]:
     """`ray.get` of several refs, raising as soon as any of them failed."""
     pending = list(refs)
@@ -57,7 +69,9 @@ class WorkerGroup:
         self.model_path = model_path
         self.distributed = distributed
         self.kwargs = kwargs
-        self.remote_cls: Any = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(worker_cls)
+        self.remote_cls: Any = ray.remote(
+            num_cpus=num_cpus, num_gpus=num_gpus, resources=placement_resources(self.role), max_restarts=0
+        )(worker_cls)
         self.workers = [self._start(rank, replicas) for rank in range(replicas)]
         if start:
             WorkerGroup.start_all([self])
