@@ -144,12 +144,12 @@ def elastic_rollout(ctx: TrainerContext, metrics: dict[str, Any]) -> None:
 def log_step(r: Run, step: int, metrics: dict[str, Any]) -> None:
     """Write the step's metrics to the JSONL log, the /metrics endpoint, the bar and the job status."""
     ctx = r.ctx
-    step_seconds = sum(v for k, v in metrics.items() if k.startswith("timing/"))
-    metrics["timing/step"] = step_seconds
-    if step_seconds > 0:
-        metrics["perf/samples_per_second"] = metrics.get("rollout/samples", 0.0) / step_seconds
-        metrics["perf/tokens_per_second"] = metrics.get("rollout/tokens", 0.0) / step_seconds
-        metrics["rollout/wait_fraction"] = metrics.get("timing/rollout", 0.0) / step_seconds
+    from rlhf_trainer.metrics import step_rates
+
+    metrics.update(step_rates(metrics))
+    metrics["timing/step"] = sum(
+        v for k, v in metrics.items() if k.startswith("timing/") and k != "timing/step"
+    )
     metrics["rollout/wait_seconds"] = metrics.get("timing/rollout", 0.0)
     metrics["data/prompts_consumed"] = float(ctx.dataset.consumed)
     metrics["total_steps"] = float(ctx.spec.training.steps)

@@ -72,6 +72,21 @@ TIMING_PREFIX = "timing/"
 STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
+def step_rates(metrics: Mapping[str, float]) -> dict[str, float]:
+    """Rates of a step from its `timing/*` phases recorded so far (`timing/step` excluded):
+    samples/s, tokens/s and the fraction of time spent waiting for rollouts. The controller logs
+    them over the whole step; the local autoscaler reads them at the step boundary, before the
+    weight sync is timed. Empty while nothing is timed."""
+    seconds = sum(v for k, v in metrics.items() if k.startswith("timing/") and k != "timing/step")
+    if seconds <= 0:
+        return {}
+    return {
+        "perf/samples_per_second": metrics.get("rollout/samples", 0.0) / seconds,
+        "perf/tokens_per_second": metrics.get("rollout/tokens", 0.0) / seconds,
+        "rollout/wait_fraction": metrics.get("timing/rollout", 0.0) / seconds,
+    }
+
+
 def _number(value: Any) -> float | None:
     """A finite float for numbers and 0-d tensors/arrays; None for anything else."""
     if isinstance(value, bool):

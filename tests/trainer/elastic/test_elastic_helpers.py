@@ -54,3 +54,18 @@ def test_keep_prompts_drops_the_rows_of_refused_leases():
     assert out["policy_version"].tolist() == [3, 3, 3, 3]
     batch, _ = rollout_tensors([out], [[7, 8, 9]])
     assert batch.prompt_index == [7, 7, 9, 9]
+
+
+def test_the_policy_and_the_log_use_one_rate_formula():
+    from rlhf_trainer.metrics import step_rates
+
+    m = {"timing/rollout": 3.0, "timing/update": 7.0, "rollout/samples": 20.0, "rollout/tokens": 40.0}
+    rates = step_rates(m)
+    assert rates == {
+        "perf/samples_per_second": 2.0,
+        "perf/tokens_per_second": 4.0,
+        "rollout/wait_fraction": 0.3,
+    }
+    assert step_signal("rollout_wait_fraction", m) == rates["rollout/wait_fraction"]
+    assert step_rates({**m, "timing/step": 10.0}) == rates  # the step total is not a phase
+    assert step_rates({}) == {}

@@ -112,6 +112,7 @@ class RolloutFleet:
         self._joining: dict[str, Any] = {}
         self._pids: dict[str, int] = {}
         self.resharded = False
+        self.queue_depth = 0
         self.autoscaler: Any = None
         self.source: Any = None
         self.last_eval: float | None = None
@@ -183,6 +184,7 @@ class RolloutFleet:
         import ray
 
         self.queue.enqueue(range(len(prompts)))  # items: positions in `prompts`
+        self.queue_depth = self.queue.queued()  # what the step's rollout started with
         share = math.ceil(len(prompts) / max(1, len(self.replicas)))
         delay = self.options.generation_delay(step) if self.options.generation_delay else 0.0
         running: dict[Any, tuple[str, list[int], list[int]]] = {}
@@ -280,7 +282,7 @@ class RolloutFleet:
             except MetricError as err:  # hold the fleet, say why
                 log.warning("autoscaling signal unavailable: %s", err)
                 return None
-        return step_signal(self.ctx.spec.autoscaling.metric, metrics)
+        return step_signal(self.ctx.spec.autoscaling.metric, {**self.step_metrics(), **metrics})
 
     def reshard(self, step: int) -> dict[str, float]:
         """Follow the resharding protocol when the fleet differs from `desired` (a decision, or a
@@ -411,6 +413,7 @@ class RolloutFleet:
             "rollout/desired_replicas": float(self.desired),
             "rollout/generation": float(self.generation),
             "rollout/synced_generation": float(self.synced_generation),
+            "rollout/queue_depth": float(self.queue_depth),
             "queue/enqueued": float(c.enqueued),
             "queue/leased": float(c.leased),
             "queue/acked": float(c.acked),
@@ -426,13 +429,10 @@ class RolloutFleet:
 
 def step_signal(metric: str, metrics: dict[str, float]) -> float | None:
     """The built-in signal from the step's own metrics (what `/metrics` would show for it).
-    The wait fraction is computed over the phases timed so far (the sync follows)."""
-    total = sum(v for k, v in metrics.items() if k.startswith("timing/") and k != "timing/step")
-    if metric == "rollout_wait_fraction":
-        return metrics.get("timing/rollout", 0.0) / total if total > 0 else None
-    if metric == "tokens_per_second" and "perf/tokens_per_second" not in metrics:
-        return metrics.get("rollout/tokens", 0.0) / total if total > 0 else None
-    value = metrics.get(SIGNAL_KEYS[metric])
+    Rates come from `metrics.step_rates` over the phases timed so far (the sync follows)."""
+    from rlhf_trainer.metrics import step_rates
+
+    value = {**step_rates(metrics), **metrics}.get(SIGNAL_KEYS[metric])
     return None if value is None or not math.isfinite(value) else float(value)
 
 
