@@ -29,18 +29,6 @@ def tiny_model() -> Iterator[Path]:
     shutil.rmtree(PROMPTS.parent, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def ray_session() -> Iterator[None]:
-    import ray
-
-    from rlhf_trainer.controller import start_ray
-
-    owns = start_ray()
-    yield
-    if owns:
-        ray.shutdown()
-
-
 BASE: dict[str, Any] = {
     "apiVersion": "rlhf.dev/v1alpha1",
     "kind": "RLTrainingJob",

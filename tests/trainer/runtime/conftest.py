@@ -7,7 +7,6 @@ import copy
 import json
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,6 @@ from typing import Any
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
 CACHE = Path("~/.cache/rlhf-operator").expanduser()
 MODEL = CACHE / "models" / "tiny-arithmetic"
 #: The session's own prompt file (written by `tiny_model`; shared caches may be cleaned by others).
@@ -31,20 +29,6 @@ def tiny_model() -> Iterator[Path]:
     write_prompts("tiny-arithmetic", PROMPTS, n=1024, seed=0)
     yield MODEL
     shutil.rmtree(PROMPTS.parent, ignore_errors=True)
-
-
-@pytest.fixture(scope="session")
-def ray_session() -> Iterator[None]:
-    """One local Ray instance for all runs of the session (workers can import `runtime_rewards`)."""
-    import ray
-
-    from rlhf_trainer.controller import start_ray
-
-    sys.path.insert(0, str(HERE))
-    owns = start_ray()
-    yield
-    if owns:
-        ray.shutdown()
 
 
 BASE: dict[str, Any] = {
