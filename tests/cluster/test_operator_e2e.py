@@ -498,7 +498,12 @@ def test_two_replicas_with_peering_one_active_then_failover(
             timeout=120,
             what="3 rollout pods created by the new active operator",
         )
-        assert f"{namespace}/peer: RolloutMembershipChanged" in low.log_tail(10**6)
+        # The pods are visible before the pass that created them logs its Event line: wait for it.
+        wait_for(
+            lambda: f"{namespace}/peer: RolloutMembershipChanged" in low.log_tail(10**6),
+            timeout=30,
+            what="the standby's RolloutMembershipChanged, logged by the pass that created the pods",
+        )
     finally:
         high.stop()
         low.stop()
