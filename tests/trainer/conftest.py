@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from trainer_jobs import MODEL, PROMPT_ROWS, PROMPTS
 
 #: Modules the tests name by import path in their manifests (rewards, pipelines).
 TEST_MODULES = Path(__file__).resolve().parent / "runtime"
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Iterator[Path]:
+    """The tiny-arithmetic model (created once, cached) and the session's prompt file."""
+    from rlhf_trainer.bootstrap import ensure_model, write_prompts
+    from rlhf_trainer.spec import ModelSpec
+
+    ensure_model(ModelSpec(path=str(MODEL), bootstrap="tiny-arithmetic"))
+    write_prompts("tiny-arithmetic", PROMPTS, n=PROMPT_ROWS, seed=0)
+    yield MODEL
+    shutil.rmtree(PROMPTS.parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

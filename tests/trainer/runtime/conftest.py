@@ -1,35 +1,13 @@
-"""Fixtures of the runtime tests: the tiny bootstrap model, its prompts, one Ray instance, and a
-builder of small jobs."""
+"""Fixtures of the runtime tests: BASE, the small job they vary (the tiny model, prompts and
+Ray come from tests/trainer/conftest.py)."""
 
 from __future__ import annotations
 
-import copy
-import json
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
+from trainer_jobs import MODEL, PROMPTS, job_from, read_metrics
 
-CACHE = Path("~/.cache/rlhf-operator").expanduser()
-MODEL = CACHE / "models" / "tiny-arithmetic"
-#: The session's own prompt file (written by `tiny_model`; shared caches may be cleaned by others).
-PROMPTS = Path(tempfile.gettempdir()) / f"rlhf-runtime-tests-{os.getpid()}" / "tiny-arithmetic.jsonl"
-
-
-@pytest.fixture(scope="session")
-def tiny_model() -> Iterator[Path]:
-    from rlhf_trainer.bootstrap import ensure_model, write_prompts
-    from rlhf_trainer.spec import ModelSpec
-
-    ensure_model(ModelSpec(path=str(MODEL), bootstrap="tiny-arithmetic"))
-    write_prompts("tiny-arithmetic", PROMPTS, n=1024, seed=0)
-    yield MODEL
-    shutil.rmtree(PROMPTS.parent, ignore_errors=True)
-
+__all__ = ["BASE", "PROMPTS", "make_job", "read_metrics"]
 
 BASE: dict[str, Any] = {
     "apiVersion": "rlhf.dev/v1alpha1",
@@ -50,17 +28,4 @@ BASE: dict[str, Any] = {
 
 def make_job(name: str = "test", **sections: Any) -> Any:
     """A small job: BASE with each given spec section merged in (one level deep)."""
-    from rlhf_trainer.spec import parse_job
-
-    doc = copy.deepcopy(BASE)
-    doc["metadata"]["name"] = name
-    for key, value in sections.items():
-        if isinstance(value, dict) and isinstance(doc["spec"].get(key), dict):
-            doc["spec"][key] = {**doc["spec"][key], **value}
-        else:
-            doc["spec"][key] = value
-    return parse_job(doc)
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, float]]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return job_from(BASE, name, sections)
