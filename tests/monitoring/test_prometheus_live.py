@@ -145,11 +145,16 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_every_panel_expression_returns_data(prometheus: str) -> None:
     """Job-view panels are evaluated for the real run alone (its `$job`), so a series that only the
     staged target exports would show up as empty here."""
-    empty = []
-    for where, expr in panel_exprs(job=REAL_JOB):
-        if not _query(prometheus, expr):
-            empty.append((where, expr))
-    assert not empty, f"panel expressions with no data: {empty}"
+    exprs = panel_exprs(job=REAL_JOB)
+    # rate() over a series needs two scrapes of it after its first observation: on a loaded
+    # machine that can lag the readiness check by a few scrape intervals, so wait for it.
+    deadline = time.monotonic() + 60
+    while True:
+        empty = [(where, e) for where, e in exprs if not _query(prometheus, e)]
+        if not empty or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert not empty, f"panel expressions with no data after 60 s of scrapes: {empty}"
 
 
 def test_alerts_fire_for_the_stalled_job_only(prometheus: str) -> None:
