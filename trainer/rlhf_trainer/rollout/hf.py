@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rlhf_trainer.rollout.batch import RolloutBatch
-from rlhf_trainer.rollout.sampling import sample_tokens
+from rlhf_trainer.rollout.sampling import check_sampling_params, sample_tokens
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -75,12 +75,7 @@ class HFRolloutEngine:
     ):
         """`eos_token_ids` overrides the stop tokens (default: the tokenizer's EOS and the model's
         generation-config EOS ids)."""
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+        check_sampling_params(max_new_tokens, temperature, top_p)
         self.model = model
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens

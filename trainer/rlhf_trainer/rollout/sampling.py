@@ -19,6 +19,16 @@ from __future__ import annotations
 import torch
 
 
+def check_sampling_params(max_new_tokens: int, temperature: float, top_p: float) -> None:
+    """The checks every engine makes on its sampling settings, each naming the bad value."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+
+
 def sampling_log_probs(
     logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
 ) -> torch.Tensor:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from rlhf_trainer.rollout.batch import RolloutBatch
+from rlhf_trainer.rollout.sampling import check_sampling_params
 
 
 def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> int:
@@ -39,6 +40,7 @@ class VLLMRolloutEngine:
         top_k: int = 0,
         seed: int = 0,
     ):
+        check_sampling_params(max_new_tokens, temperature, top_p)
         self.llm = llm
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
