@@ -2,6 +2,8 @@
 # Runs the whole test suite: lint + types + unit + trainer end-to-end + cluster tests.
 # It first provides what the tests need and nothing is running yet:
 #   - the control-plane binaries (built once from the Go module proxy, cached under ~/.cache/rlhf-operator)
+#   - the real node's kubelet, containerd, crictl, CoreDNS (the same build) and its Debian packages
+#     (runc, CNI plugins, buildah, mmdebstrap), installed with apt when missing and we are root
 #   - Debian's prometheus (installed with apt when missing and we are root)
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow and not cluster"` for the fast part.
 set -euo pipefail
@@ -16,6 +18,22 @@ case " $* " in
 esac
 if [ "$need_cluster" = 1 ] && [ "${RLHF_SKIP_CLUSTER_BUILD:-0}" != 1 ]; then
   bash tests/cluster/build
+fi
+# The real node (tests marked realnode) runs runc, the CNI plugins and, for its images, buildah and
+# mmdebstrap from Debian's packages; installed here when missing and we are root (else those tests
+# are skipped, naming what is missing).
+if [ "$need_cluster" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  node_pkgs=()
+  command -v runc >/dev/null 2>&1 || node_pkgs+=(runc)
+  [ -x /usr/lib/cni/bridge ] || [ -x /opt/cni/bin/bridge ] || node_pkgs+=(containernetworking-plugins)
+  command -v buildah >/dev/null 2>&1 || node_pkgs+=(buildah)
+  command -v mmdebstrap >/dev/null 2>&1 || node_pkgs+=(mmdebstrap)
+  command -v gcc >/dev/null 2>&1 || node_pkgs+=(gcc libc6-dev)
+  if [ ${#node_pkgs[@]} -gt 0 ]; then
+    echo "==> installing Debian's ${node_pkgs[*]} (the real node and its images)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${node_pkgs[@]}") >/dev/null \
+      || echo "warning: could not install ${node_pkgs[*]}; the realnode tests will be skipped" >&2
+  fi
 fi
 if ! command -v prometheus >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "==> installing Debian's prometheus"

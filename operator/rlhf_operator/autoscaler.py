@@ -17,6 +17,14 @@ Writing `/scale` is all the autoscaler does to the fleet: the ordinary reconcile
 new pods, bumps `status.rollout.generation` and deletes leaving pods only once the controller
 reports them drained (`rollout.py`), exactly as after `kubectl scale` or an HPA's write.
 
+A job may name its own Prometheus (`spec.autoscaling.prometheus.url`), but the operator sends
+the request from its own pod, so the URL is honoured only when the operator allows it: it must lie
+under one of the URL prefixes the operator is given (`RLHF_OPERATOR_PROMETHEUS_URL_PREFIXES`,
+comma-separated; the chart's `autoscaler.prometheusUrlPrefixes`; none by default). Any other URL
+is refused (`refusal`): the signal is read from the job's own controller pod instead, and the job
+carries the condition `PrometheusRefused` (True, reason `URLNotAllowed`) naming the URL and what
+is allowed, with one Warning Event, until the URL is allowed or removed.
+
 One rule beyond the shared policy: while a reshard is in flight (the controller has reported a
 `syncedGeneration`, but an older one than `generation`) the fleet is held, because the trainer's
 wait during a sync is not evidence of load and the previous change has not yet taken effect.
@@ -26,10 +34,13 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import posixpath
+import urllib.parse
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_operator.status import parse_time
+from rlhf_operator.status import PROMETHEUS_REFUSED, get_condition, parse_time, set_condition
 from rlhf_trainer.autoscale import (
     Decision,
     MetricSource,
@@ -39,6 +50,7 @@ from rlhf_trainer.autoscale import (
     decide,
     prune,
 )
+from rlhf_trainer.contract import ROLLOUT_GENERATION, ROLLOUT_SYNCED_GENERATION
 from rlhf_trainer.spec import RLTrainingJob
 
 #: Where the controller pod serves `/metrics` when no Prometheus is configured; `{job}` and
@@ -72,11 +84,90 @@ def controller_metrics_url(template: str, job: str, namespace: str) -> str:
     return template.replace("{job}", job).replace("{namespace}", namespace)
 
 
-def metric_source(job: RLTrainingJob, url_template: str = DEFAULT_CONTROLLER_METRICS_URL) -> MetricSource:
-    """PromQL against `spec.autoscaling.prometheus.url` when set, else a scrape of the controller."""
+#: The operator's allow-list of Prometheus URL prefixes (comma-separated; the chart sets it).
+PROMETHEUS_URL_PREFIXES_ENV = "RLHF_OPERATOR_PROMETHEUS_URL_PREFIXES"
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def prometheus_url_prefixes(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The allow-list from the operator's environment (empty: no job may name a Prometheus)."""
+    return tuple(filter(None, (p.strip() for p in env.get(PROMETHEUS_URL_PREFIXES_ENV, "").split(","))))
+
+
+def _origin_and_path(url: str) -> tuple[tuple[str, str, int | None], str] | None:
+    """((scheme, host, port), normalised path) of an http(s) URL; None when it is not one, or
+    when its path climbs out of itself (`..`, also percent-encoded)."""
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        return None
+    path = urllib.parse.unquote(parts.path)
+    if ".." in path.split("/"):
+        return None
+    path = posixpath.normpath("/" + path).rstrip("/") if path.strip("/") else ""
+    return (scheme, parts.hostname.lower(), port or _DEFAULT_PORTS[scheme]), path
+
+
+def prometheus_url_allowed(url: str, prefixes: Sequence[str]) -> bool:
+    """True when `url` lies under one of `prefixes`: the same scheme, host and port, and a path at
+    or below the prefix's (`http://prom:9090` allows `http://prom:9090/api`, not
+    `http://prom:9090.evil.example`, `http://prom:90901` or `http://prom:9090@evil.example`)."""
+    target = _origin_and_path(url)
+    if target is None:
+        return False
+    for prefix in prefixes:
+        allowed = _origin_and_path(prefix)
+        if allowed is None or allowed[0] != target[0]:
+            continue
+        base, path = allowed[1], target[1]
+        if not base or path == base or path.startswith(base + "/"):
+            return True
+    return False
+
+
+def refusal(job: RLTrainingJob, prefixes: Sequence[str]) -> str | None:
+    """Why the operator will not query the job's Prometheus URL (None: it will, or there is none)."""
+    prometheus = job.spec.autoscaling.prometheus
+    if prometheus is None or prometheus_url_allowed(prometheus.url, prefixes):
+        return None
+    allowed = ", ".join(prefixes) if prefixes else "none"
+    return (
+        f"spec.autoscaling.prometheus.url {prometheus.url!r} is not allowed by the operator (allowed URL "
+        f"prefixes: {allowed}; the chart's autoscaler.prometheusUrlPrefixes): the signal is read from the "
+        "job's controller pod (/metrics) instead"
+    )
+
+
+def refusal_conditions(
+    conditions: list[dict[str, Any]], refused: str | None, now: dt.datetime
+) -> list[dict[str, Any]] | None:
+    """The job's conditions with `PrometheusRefused` brought up to date, or None when unchanged (it
+    is written only once a URL was refused)."""
+    was = get_condition({"conditions": conditions}, PROMETHEUS_REFUSED)
+    if refused is not None:
+        if was and was.get("status") == "True" and was.get("message") == refused:
+            return None
+        return set_condition(conditions, PROMETHEUS_REFUSED, True, "URLNotAllowed", refused, now)
+    if was and was.get("status") == "True":
+        message = "spec.autoscaling.prometheus.url is allowed or unset"
+        return set_condition(conditions, PROMETHEUS_REFUSED, False, "URLAllowed", message, now)
+    return None
+
+
+def metric_source(
+    job: RLTrainingJob,
+    url_template: str = DEFAULT_CONTROLLER_METRICS_URL,
+    prometheus_prefixes: Sequence[str] = (),
+) -> MetricSource:
+    """PromQL against `spec.autoscaling.prometheus.url` when set and allowed (`refusal`), else a
+    scrape of the job's controller pod."""
     a = job.spec.autoscaling
     name, namespace = job.metadata_name, job.namespace
-    if a.prometheus is not None:
+    if a.prometheus is not None and refusal(job, prometheus_prefixes) is None:
         return PrometheusSource.for_job(
             a.prometheus.url, a.metric, name, namespace, a.prometheus.query, timeout=READ_TIMEOUT_SECONDS
         )
@@ -90,8 +181,8 @@ def observe_reshard(auto: dict[str, Any], rollout: dict[str, Any], now: dt.datet
     A reshard completes when the controller's `syncedGeneration` reaches the operator's
     `generation`; `reshardedGeneration` remembers which one was seen, so it is stamped once.
     """
-    generation = int(rollout.get("generation") or 0)
-    synced = int(rollout.get("syncedGeneration") or 0)
+    generation = int(rollout.get(ROLLOUT_GENERATION) or 0)
+    synced = int(rollout.get(ROLLOUT_SYNCED_GENERATION) or 0)
     seen = int(auto.get("reshardedGeneration") or 0)
     if generation <= 0 or synced < generation or seen >= generation:
         return None
@@ -145,8 +236,8 @@ def evaluate(
     t = now.timestamp()
     history = [Recommendation.from_dict(d) for d in auto.get("recommendations") or []]
     last_reshard = parse_stamp(auto.get("lastReshardTime"))
-    generation = int(rollout.get("generation") or 0)
-    synced = int(rollout.get("syncedGeneration") or 0)
+    generation = int(rollout.get(ROLLOUT_GENERATION) or 0)
+    synced = int(rollout.get(ROLLOUT_SYNCED_GENERATION) or 0)
     current = r.replicas
     if 0 < synced < generation:
         d = Decision(

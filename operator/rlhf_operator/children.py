@@ -8,8 +8,12 @@ Pods, one per replica with stable names:
 
 * `<job>-controller`: Ray head plus the single controller (`rlhf controller`), reading the spec
   from the job's ConfigMap and writing `status.progress` with the job's ServiceAccount;
-* `<job>-<role>-<i>`: a Ray worker advertising the custom resource `rlhf.dev/role-<role>: 1`
-  and its GPUs, joined to the head through the headless Service `<job>`.
+* `<job>-<role>-<i>`: a Ray worker advertising its GPUs and the custom resource
+  `rlhf.dev/role-<role>: n`, n the ranks it runs (`contract.ranks_per_pod`: one per GPU for
+  actor, critic, reference and reward; one engine per rollout pod), joined to the head through the headless Service `<job>` (`rlhf worker` waits
+  for the head, bounded, then execs `ray start`).
+
+Every env var, port, path and name the pods read back is defined in `rlhf_trainer.contract`.
 """
 
 from __future__ import annotations
@@ -19,14 +23,16 @@ from typing import Any
 
 import yaml
 
-from rlhf_operator import labels
-from rlhf_trainer.spec import JobSpec, NodePoolSpec, RLTrainingJob, to_dict
+from rlhf_operator import labels, network_policy, pod_template
+from rlhf_trainer import contract
+from rlhf_trainer.spec import JobSpec, NodePoolSpec, RLTrainingJob, reference_in_actor, to_dict
 
-CONFIG_KEY = "job.yaml"
-CONFIG_DIR = "/etc/rlhf"
-RAY_PORT = 6379
-METRICS_PORT = 8080
-RAY_TOKEN_KEY = "token"
+# The pod contract's names, under the spellings the operator's code and tests use.
+CONFIG_KEY = contract.CONFIG_KEY
+CONFIG_DIR = contract.CONFIG_DIR
+RAY_PORT = contract.RAY_PORT
+METRICS_PORT = contract.METRICS_PORT
+RAY_TOKEN_KEY = contract.RAY_TOKEN_KEY
 RUN_AS_USER = 1000
 GPU = "nvidia.com/gpu"
 CONTROLLER_RESOURCES = {"cpu": "1", "memory": "2Gi"}
@@ -41,12 +47,13 @@ NODE_LOSS_TOLERATION_SECONDS = 60
 
 
 def pod_name(job: str, role: str, index: int = 0) -> str:
-    return f"{job}-{labels.CONTROLLER_ROLE}" if role == labels.CONTROLLER_ROLE else f"{job}-{role}-{index}"
+    return contract.pod_name(job, role, index)
 
 
 def controller_address(job: RLTrainingJob) -> str:
     """DNS name of the controller pod through the headless Service."""
-    return f"{pod_name(job.metadata_name, labels.CONTROLLER_ROLE)}.{job.metadata_name}.{job.namespace}.svc"
+    name = job.metadata_name
+    return contract.pod_host(name, job.namespace, pod_name(name, labels.CONTROLLER_ROLE))
 
 
 def job_labels(job: RLTrainingJob) -> dict[str, str]:
@@ -95,6 +102,8 @@ def role_replicas(spec: JobSpec) -> dict[str, int]:
         n = getattr(spec.roles, role).replicas
         if role == "rollout" and spec.roles.placement != "disaggregated":
             n = 0
+        if role == "reference" and reference_in_actor(spec):
+            n = 0  # LoRA: the actor's base model is the reference
         if n > 0:
             out[role] = n
     return out
@@ -157,7 +166,7 @@ def build_role_binding(job: RLTrainingJob) -> dict[str, Any]:
 
 
 def secret_name(job: RLTrainingJob) -> str:
-    return f"{job.metadata_name}-ray-token"
+    return contract.ray_token_secret_name(job.metadata_name, job.raw.get("metadata", {}).get("uid", ""))
 
 
 def build_secret(job: RLTrainingJob, token: str) -> dict[str, Any]:
@@ -172,7 +181,7 @@ def build_secret(job: RLTrainingJob, token: str) -> dict[str, Any]:
 
 
 def config_name(job: RLTrainingJob) -> str:
-    return f"{job.metadata_name}-spec"
+    return contract.spec_config_map_name(job.metadata_name)
 
 
 def job_document(job: RLTrainingJob) -> dict[str, Any]:
@@ -205,8 +214,8 @@ def build_service(job: RLTrainingJob) -> dict[str, Any]:
             "publishNotReadyAddresses": True,
             "selector": {labels.JOB_NAME: job.metadata_name},
             "ports": [
-                {"name": "ray", "port": RAY_PORT, "targetPort": RAY_PORT},
-                {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT},
+                {"name": contract.RAY_PORT_NAME, "port": RAY_PORT, "targetPort": RAY_PORT},
+                {"name": contract.METRICS_PORT_NAME, "port": METRICS_PORT, "targetPort": METRICS_PORT},
             ],
         },
     }
@@ -248,7 +257,23 @@ def build_static_children(job: RLTrainingJob, token: str) -> list[dict[str, Any]
     pg = build_pod_group(job)
     if pg:
         out.append(pg)
+    policy = build_network_policy(job)
+    if policy:
+        out.append(policy)
     return out
+
+
+#: The operator's NetworkPolicy settings, from its environment (the chart's `networkPolicy.*`).
+NETWORK_POLICY = network_policy.Settings.from_env()
+
+
+def build_network_policy(
+    job: RLTrainingJob, settings: network_policy.Settings | None = None
+) -> dict[str, Any] | None:
+    """Who may connect to the job's pods (see network_policy.py); None when policies are off."""
+    name = job.metadata_name
+    meta = _meta(job, network_policy.policy_name(name))
+    return network_policy.build_network_policy(name, meta, settings or NETWORK_POLICY)
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,40 +282,53 @@ def build_static_children(job: RLTrainingJob, token: str) -> list[dict[str, Any]
 
 
 def _env(job: RLTrainingJob, role: str, index: int, attempt: int) -> list[dict[str, Any]]:
+    """The pod contract's variables (`rlhf_trainer.contract`); tests/unit/test_contract.py proves
+    that the trainer reads each one the trainer is meant to read."""
+    c = contract
     env: list[dict[str, Any]] = [
-        {"name": "RLHF_JOB_NAME", "value": job.metadata_name},
-        {"name": "RLHF_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": "RLHF_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "RLHF_ROLE", "value": role},
-        {"name": "RLHF_REPLICA_INDEX", "value": str(index)},
-        {"name": "RLHF_RESTART_ATTEMPT", "value": str(attempt)},
-        {"name": "RLHF_SPEC_FILE", "value": f"{CONFIG_DIR}/{CONFIG_KEY}"},
-        {"name": "RLHF_CONTROLLER_ADDRESS", "value": controller_address(job)},
-        {"name": "RAY_AUTH_MODE", "value": "token"},
-        {
-            "name": "RAY_AUTH_TOKEN",
-            "valueFrom": {"secretKeyRef": {"name": secret_name(job), "key": RAY_TOKEN_KEY}},
-        },
+        c.ENV_NAMESPACE.from_field(),
+        c.ENV_POD_NAME.from_field(),
+        # The pod's own IP, never loopback: Ray's --node-ip-address and every rendezvous a rank
+        # on this pod offers to ranks on other pods.
+        c.ENV_POD_IP.from_field(),
+        c.ENV_ROLE.value(role),
+        c.ENV_REPLICA_INDEX.value(str(index)),
+        c.ENV_RESTART_ATTEMPT.value(str(attempt)),
+        c.ENV_RAY_AUTH_MODE.value("token"),
+        c.ENV_RAY_AUTH_TOKEN.from_secret(secret_name(job), RAY_TOKEN_KEY),
         # NCCL: fail collectives instead of hanging on a lost peer, so the gang restart can happen.
-        {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
-        {"name": "NCCL_DEBUG", "value": "WARN"},
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        c.ENV_TORCH_NCCL_ASYNC_ERROR_HANDLING.value("1"),
+        c.ENV_NCCL_DEBUG.value("WARN"),
+        c.ENV_PYTHONUNBUFFERED.value("1"),
     ]
-    if role != labels.CONTROLLER_ROLE:  # workers join the head; the controller pod is the head
-        env.insert(8, {"name": "RAY_ADDRESS", "value": f"{controller_address(job)}:{RAY_PORT}"})
+    if role == labels.CONTROLLER_ROLE:
+        env.append(c.ENV_METRICS_PORT.value(str(METRICS_PORT)))
     return env
 
 
-def _command(job: RLTrainingJob, role: str, gpus: int, cpu: str) -> list[str]:
+#: A CPU quantity in cores, and the CPUs a role pod gives Ray (the pod contract's rounding).
+cpu_cores = contract.cpu_cores
+ray_cpus = contract.ray_cpus
+
+
+def _command(job: RLTrainingJob, role: str, index: int, gpus: int, cpu: str = "1") -> list[str]:
     if role == labels.CONTROLLER_ROLE:
-        return ["rlhf", "controller", "--spec-file", f"{CONFIG_DIR}/{CONFIG_KEY}"]
-    resources = json.dumps({f"{labels.RAY_ROLE_RESOURCE_PREFIX}{role}": 1})
+        return ["rlhf", "controller", "--spec-file", contract.SPEC_FILE]
+    # `rlhf worker` waits (bounded) for the head's DNS name and port, then execs
+    # `ray start --block --node-ip-address=$RLHF_POD_IP` with these arguments: with
+    # restartPolicy Never, a plain `ray start` racing the head would burn a gang restart.
+    # One unit of the role's resource per rank the pod runs (`contract.ranks_per_pod`: one per
+    # GPU for the training and scoring roles), each rank asking for 1 of it.
+    advertised = {contract.ray_role_resource(role): contract.ranks_per_pod(role, gpus)}
+    if role == "rollout":  # the controller's replica for fleet slot `index` lands on this pod only
+        advertised[contract.ray_rollout_slot_resource(index)] = 1
+    resources = json.dumps(advertised)
     return [
-        "ray",
-        "start",
-        "--block",
-        f"--address={controller_address(job)}:{RAY_PORT}",
+        "rlhf",
+        "worker",
+        f"--address={contract.head_address(job.metadata_name, job.namespace)}",
         f"--num-gpus={gpus}",
+        f"--num-cpus={ray_cpus(cpu)}",
         f"--resources={resources}",
     ]
 
@@ -337,13 +375,9 @@ def build_pod(job: RLTrainingJob, role: str, index: int = 0, attempt: int = 0) -
     is_controller = role == labels.CONTROLLER_ROLE
     name = pod_name(job.metadata_name, role, index)
     if is_controller:
-        gpus, cpu, memory, shm, pool = (
-            0,
-            CONTROLLER_RESOURCES["cpu"],
-            CONTROLLER_RESOURCES["memory"],
-            "1Gi",
-            None,
-        )
+        ctl = spec.controller.resources  # defaults: CONTROLLER_RESOURCES
+        gpus, cpu, memory, shm = 0, ctl.cpu, ctl.memory, ctl.shm
+        pool = _pool(spec, spec.controller.node_pool)
     else:
         role_spec = getattr(spec.roles, role)
         res = role_spec.resources
@@ -369,10 +403,9 @@ def build_pod(job: RLTrainingJob, role: str, index: int = 0, attempt: int = 0) -
     container: dict[str, Any] = {
         "name": "trainer",
         "image": spec.image,
-        "command": _command(job, role, gpus, cpu),
+        "command": _command(job, role, index, gpus, cpu),
         "env": _env(job, role, index, attempt),
         "resources": {"requests": requests, "limits": limits},
-        "ports": [{"name": "ray", "containerPort": RAY_PORT}],
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
@@ -383,12 +416,20 @@ def build_pod(job: RLTrainingJob, role: str, index: int = 0, attempt: int = 0) -
             "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]},
         },
+        # A failed container's last log lines become its termination message, which the
+        # operator's PodFailure condition and Event quote: the gang restart deletes the pod
+        # and its logs with it.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if is_controller:
-        container["ports"].append({"name": "metrics", "containerPort": METRICS_PORT})
-        container["env"].append({"name": "RLHF_METRICS_PORT", "value": str(METRICS_PORT)})
+        # Only the controller pod listens on fixed ports (the Ray head, /metrics); a role pod's
+        # raylet picks its own ports.
+        container["ports"] = [
+            {"name": contract.RAY_PORT_NAME, "containerPort": RAY_PORT},
+            {"name": contract.METRICS_PORT_NAME, "containerPort": METRICS_PORT},
+        ]
         container["readinessProbe"] = {
-            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "httpGet": {"path": contract.HEALTHZ_PATH, "port": contract.METRICS_PORT_NAME},
             "periodSeconds": 10,
         }
     pod_spec: dict[str, Any] = {
@@ -423,7 +464,10 @@ def build_pod(job: RLTrainingJob, role: str, index: int = 0, attempt: int = 0) -
         pod_spec["schedulerName"] = spec.scheduling.scheduler_name
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+    # The spec's volumes, working directory, env, labels, pull settings and extra resources.
+    return pod_template.customize(
+        job, role, {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+    )
 
 
 def build_pods(

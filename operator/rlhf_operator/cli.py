@@ -14,18 +14,21 @@ from typing import Any
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
-    from rlhf_operator import crd
+    from rlhf_operator import chart_copies, crd
 
     if args.check is not None:
         files = [Path(f) for f in args.check] or list(crd.CRD_FILES)
         stale = crd.stale_files(files)
+        if not args.check:  # everything generated: the chart's monitoring copies too
+            stale += chart_copies.stale()
+            files += [copy for _, copy in chart_copies.pairs()]
         for f in stale:
             print(f"{f}: stale; regenerate with `rlhf crd --write`", file=sys.stderr)
         if not stale:
             print(f"up to date: {', '.join(str(f) for f in files)}")
         return 1 if stale else 0
     if args.write:
-        for f in crd.write_files():
+        for f in [*crd.write_files(), *chart_copies.write()]:
             print(f"wrote {f}")
         return 0
     sys.stdout.write(crd.render_crd())
@@ -66,7 +69,11 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("crd", help="print, write or check the RLTrainingJob CRD generated from the spec")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--write", action="store_true", help="write crds/ and the Helm chart's copy")
+    g.add_argument(
+        "--write",
+        action="store_true",
+        help="write crds/ and the Helm chart's copy, and refresh the chart's copies of manifests/monitoring/",
+    )
     g.add_argument(
         "--check",
         nargs="*",

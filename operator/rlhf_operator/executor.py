@@ -12,12 +12,12 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_operator import autoscaler, children, kube, metrics, reconcile
-from rlhf_operator.status import rfc3339
+from rlhf_operator import autoscaler, children, failure_policy, kube, metrics, ownership, reconcile
+from rlhf_operator.status import FINISHED, rfc3339
 from rlhf_trainer.autoscale import MetricError, MetricSource
 from rlhf_trainer.spec import SpecError, parse_job
 
@@ -53,22 +53,35 @@ class Executor:
         client: kube.Kube,
         controller_metrics_url: str = autoscaler.DEFAULT_CONTROLLER_METRICS_URL,
         read: Callable[[MetricSource], tuple[float | None, str | None]] = read_signal,
+        prometheus_url_prefixes: Sequence[str] = (),
     ) -> None:
         self.kube = client
         #: Template of the controller's /metrics URL for the autoscaler's direct scrape.
         self.controller_metrics_url = controller_metrics_url
+        #: URL prefixes a job's own Prometheus URL must lie under (see `autoscaler.refusal`).
+        self.prometheus_url_prefixes = tuple(prometheus_url_prefixes)
         self._read = read
         # Static children already ensured, per job: (uid, digest of what was sent). A restarted
         # operator starts empty and ensures everything again (create-if-absent), so this is only a cache.
         self._ensured: dict[tuple[str, str], tuple[str, str]] = {}
 
-    def forget(self, namespace: str, name: str) -> None:
-        self._ensured.pop((namespace, name), None)
+    def forget(self, namespace: str, name: str, uid: str | None = None) -> None:
+        """Drop what is remembered of a job (None: whichever UID): its children cache and its
+        series of the operator's metrics, so that the jobs-by-phase gauge (and the alerts on it)
+        no longer count a deleted job."""
+        key = (namespace, name)
+        if uid is None or self._ensured.get(key, ("",))[0] == uid:
+            self._ensured.pop(key, None)
+        metrics.forget_job(namespace, name, uid)
 
-    def reconcile(self, namespace: str, name: str, now: dt.datetime | None = None) -> Outcome:
+    def reconcile(
+        self, namespace: str, name: str, now: dt.datetime | None = None, uid: str | None = None
+    ) -> Outcome:
+        """One pass over the job `namespace/name`; with `uid`, only that incarnation of it (a job
+        of the same name with another UID is someone else's: the caller's job is gone)."""
         started = time.perf_counter()
         try:
-            outcome = self._reconcile(namespace, name, now or dt.datetime.now(dt.timezone.utc))
+            outcome = self._reconcile(namespace, name, now or dt.datetime.now(dt.timezone.utc), uid)
         except kube.Conflict:
             metrics.RECONCILES.labels("conflict").inc()
             return Outcome(requeue_after=0.0)
@@ -78,13 +91,18 @@ class Executor:
         finally:
             metrics.LATENCY.observe(time.perf_counter() - started)
         metrics.RECONCILES.labels("invalid" if outcome.invalid else "ok").inc()
-        metrics.observe_phase(namespace, name, None if outcome.gone else outcome.phase)
+        if not outcome.gone:
+            metrics.observe_phase(namespace, name, outcome.phase, uid)
         return outcome
 
-    def _reconcile(self, namespace: str, name: str, now: dt.datetime) -> Outcome:
+    def _reconcile(self, namespace: str, name: str, now: dt.datetime, uid: str | None = None) -> Outcome:
         body = self.kube.get_job(namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            self.forget(namespace, name)
+        if (
+            body is None
+            or body["metadata"].get("deletionTimestamp")
+            or (uid is not None and body["metadata"].get("uid") != uid)
+        ):
+            self.forget(namespace, name, uid)
             return Outcome(gone=True)
         body, autoscale_after, scaled = self._autoscale(body, now)
         if scaled:  # spec changed: the next pass (at once) reconciles the new count from a fresh read
@@ -93,18 +111,35 @@ class Executor:
         plan = reconcile.plan(body, pods, now)
         if autoscale_after is not None:
             plan.requeue(autoscale_after)
-        if plan.job is not None and not plan.invalid:
-            self._ensure_static(plan.job)
+        rejection: failure_policy.Rejection | None = None
+        if plan.job is not None and not plan.invalid and plan.status.get("phase") not in FINISHED:
+            rejection = self._ensure_static(plan.job)
         old = reconcile.operator_status(body.get("status") or {})
         if old != reconcile.operator_status(plan.status):
-            self.kube.patch_status(body, plan.status)  # Conflict: computed from a stale view; retry
+            body = self.kube.patch_status(body, plan.status)  # Conflict: computed from a stale view; retry
         for pod in plan.delete:
             self.kube.delete(pod)
             metrics.PODS_DELETED.inc()
-        for pod in plan.create:
-            if self.kube.create(pod):
+        attempted = False
+        for pod in plan.create if rejection is None else []:
+            attempted = True
+            try:
+                created = self.kube.create(pod)
+            except kube.Rejected as err:  # reported below; the other pods would most likely fail too
+                rejection = _rejection(pod, err)
+                break
+            if created:
                 metrics.PODS_CREATED.inc()
                 _test_pause_hook()
+        if rejection is None and plan.blocked:
+            rejection = plan.blocked[0]
+        report = reconcile.report_children(plan.status, rejection, attempted, now)
+        if report.status is not None:
+            body = self.kube.patch_status(body, report.status)
+            plan.status.update(report.status)
+        plan.events.extend(report.events)
+        if report.requeue_after is not None:
+            plan.requeue(report.requeue_after)
         stamp = rfc3339(now)
         for ev in plan.events:
             if ev.reason == "GangRestart":
@@ -138,38 +173,81 @@ class Executor:
             if resharded is not None:
                 body = self.kube.patch_status(body, {"autoscaling": resharded})
             return body, wait, False
-        signal, error = self._read(autoscaler.metric_source(job, self.controller_metrics_url))
+        prefixes = self.prometheus_url_prefixes
+        source = autoscaler.metric_source(job, self.controller_metrics_url, prefixes)
+        signal, error = self._read(source)
         ev = autoscaler.evaluate(job, resharded or auto, rollout, signal, now, error)
-        body = self.kube.patch_status(body, {"autoscaling": ev.status})
+        refused = autoscaler.refusal(job, prefixes)
+        conditions = autoscaler.refusal_conditions(list(status.get("conditions") or []), refused, now)
+        patch: dict[str, Any] = {"autoscaling": ev.status}
+        if conditions is not None:
+            patch["conditions"] = conditions
+        body = self.kube.patch_status(body, patch)
         metrics.AUTOSCALE_DECISIONS.labels(ev.decision.direction).inc()
         ns, name = job.namespace, job.metadata_name
+        if refused is not None and conditions is not None:
+            log.warning("%s/%s: %s", ns, name, refused)
+            self._event(body, "Warning", "PrometheusRefused", refused, now)
         log.info("%s/%s: autoscaler: %s", ns, name, ev.message)
         if ev.replicas is None:
             return body, period, False
         self.kube.scale(body, ev.replicas)
         if ev.event_reason:
-            try:
-                self.kube.event(body, "Normal", ev.event_reason, ev.message, rfc3339(now))
-            except (kube.Retry, LookupError) as err:  # an Event is best effort
-                log.warning("event %s for %s/%s not posted: %s", ev.event_reason, ns, name, err)
+            self._event(body, "Normal", ev.event_reason, ev.message, now)
         return body, period, True
 
-    def _ensure_static(self, job: Any) -> None:
+    def _event(self, body: dict[str, Any], type_: str, reason: str, message: str, now: dt.datetime) -> None:
+        try:
+            self.kube.event(body, type_, reason, message, rfc3339(now))
+        except (kube.Retry, LookupError) as err:  # an Event is best effort
+            meta = body.get("metadata") or {}
+            log.warning(
+                "event %s for %s/%s not posted: %s", reason, meta.get("namespace"), meta.get("name"), err
+            )
+
+    def _ensure_static(self, job: Any) -> failure_policy.Rejection | None:
+        """Create-if-absent the job's static children; the first one the API server refuses, or
+        whose name is held by an object this job does not own (then the pods, which need them,
+        are not created this pass: a foreign ServiceAccount's token or Secret is never used)."""
         key = (job.namespace, job.metadata_name)
         uid = job.raw["metadata"].get("uid", "")
         wanted = children.build_static_children(job, token="")
         digest = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()
         if self._ensured.get(key) == (uid, digest):
-            return
+            return None
         token = secrets.token_urlsafe(32)
         for obj in children.build_static_children(job, token=token):
             try:
                 created = self.kube.create(obj)
             except LookupError as err:  # e.g. the PodGroup CRD of the chosen gang scheduler is absent
                 raise kube.Retry(f"cannot create {obj['kind']} {obj['metadata']['name']}: {err}", 30) from err
-            if not created and obj["kind"] == "ConfigMap":
+            except kube.Rejected as err:
+                return _rejection(obj, err)
+            if created or obj["kind"] == "Secret":
+                # The operator may not read Secrets; the Secret's name carries the job's UID, so no
+                # Secret can have held it before the job existed (see contract.ray_token_secret_name).
+                continue
+            existing = self.kube.get(obj)
+            if existing is None:  # deleted since: the next pass creates it
+                raise kube.Retry(f"{obj['kind']} {obj['metadata']['name']} vanished while being ensured", 1)
+            if not ownership.owned_by(existing, uid):
+                log.warning(
+                    "%s %s/%s is not owned by job uid %s",
+                    obj["kind"],
+                    job.namespace,
+                    obj["metadata"]["name"],
+                    uid,
+                )
+                return ownership.not_owned(existing, uid)
+            if obj["kind"] == "ConfigMap":
                 self.kube.merge_patch(obj, {"data": obj["data"]})
         self._ensured[key] = (uid, digest)
+        return None
+
+
+def _rejection(obj: dict[str, Any], err: kube.Rejected) -> failure_policy.Rejection:
+    log.warning("create of %s %s refused: %s", obj["kind"], obj["metadata"]["name"], err)
+    return failure_policy.Rejection(obj["kind"], obj["metadata"]["name"], err.code, err.server_message)
 
 
 def _test_pause_hook() -> None:

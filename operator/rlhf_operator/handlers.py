@@ -6,6 +6,14 @@ always starts from a fresh read, so nothing depends on seeing every event (level
 daemon also wakes on its own after the plan's `requeue_after` (backoff, timeouts, TTL) or the
 resync period.
 
+No finalizer: the operator has nothing to clean up when a job goes (its children carry owner
+references, and the garbage collector removes them), so deleting a job, or its namespace, must
+not wait for a running operator. kopf puts a finalizer on every object a daemon serves (to stop
+the daemon before the object disappears); this module opts its daemon out (`_without_finalizer`)
+and stops the daemon itself instead: a pass that finds the job gone, or a job of the same name
+with another UID (deleted and recreated), ends it. kopf removes the finalizer of earlier releases
+(`FINALIZER`, still its configured name) from existing jobs, as no handler requires it.
+
 Imported only by `rlhf operator` (it registers handlers with kopf at import time).
 """
 
@@ -13,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -33,7 +42,9 @@ DEBOUNCE_SECONDS = float(os.environ.get("RLHF_OPERATOR_DEBOUNCE_SECONDS", "0.2")
 #: Prometheus (`{job}`, `{namespace}` substituted); set by `rlhf operator --controller-metrics-url`.
 CONTROLLER_METRICS_URL_ENV = "RLHF_OPERATOR_CONTROLLER_METRICS_URL"
 
-_wake: dict[tuple[str, str], asyncio.Event] = {}
+#: Wake-up of each job's daemon, by (namespace, name) and then UID: a job deleted and recreated
+#: under the same name briefly has two daemons, the old one about to find its job gone.
+_wake: dict[tuple[str, str], dict[str, asyncio.Event]] = {}
 _executor: Executor | None = None
 
 log = logging.getLogger(__name__)
@@ -43,13 +54,13 @@ def _get_executor() -> Executor:
     global _executor
     if _executor is None:
         url = os.environ.get(CONTROLLER_METRICS_URL_ENV) or autoscaler.DEFAULT_CONTROLLER_METRICS_URL
-        _executor = Executor(kube.Kube(), controller_metrics_url=url)
+        prefixes = autoscaler.prometheus_url_prefixes(os.environ)
+        _executor = Executor(kube.Kube(), controller_metrics_url=url, prometheus_url_prefixes=prefixes)
     return _executor
 
 
 def _wake_job(namespace: str | None, name: str | None) -> None:
-    ev = _wake.get((namespace or "", name or ""))
-    if ev is not None:
+    for ev in list(_wake.get((namespace or "", name or ""), {}).values()):
         ev.set()
 
 
@@ -78,7 +89,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.probe(id="jobs")
 def jobs_probe(**_: Any) -> int:
     """Readiness detail on the liveness endpoint: how many jobs this operator drives."""
-    return len(_wake)
+    return sum(len(daemons) for daemons in _wake.values())
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -92,17 +103,20 @@ async def pod_event(namespace: str | None, labels: kopf.Labels, **_: Any) -> Non
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_backoff=1.0, cancellation_timeout=10.0)
-async def job_worker(name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any) -> None:
+async def job_worker(
+    name: str, namespace: str | None, uid: str | None, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
     """Reconcile one job until it is deleted (or the operator stops, or another one takes over)."""
     namespace = namespace or ""
     key = (namespace, name)
-    wake = _wake.setdefault(key, asyncio.Event())
+    uid = uid or ""
+    wake = _wake.setdefault(key, {}).setdefault(uid, asyncio.Event())
     executor = _get_executor()
     try:
         while not stopped:
             wake.clear()
             try:
-                outcome = await asyncio.to_thread(executor.reconcile, namespace, name)
+                outcome = await asyncio.to_thread(executor.reconcile, namespace, name, None, uid)
             except kube.Retry as err:
                 raise kopf.TemporaryError(str(err), delay=err.delay) from err
             if outcome.gone:
@@ -122,6 +136,25 @@ async def job_worker(name: str, namespace: str | None, stopped: kopf.DaemonStopp
                 if DEBOUNCE_SECONDS:
                     await asyncio.sleep(DEBOUNCE_SECONDS)  # coalesce the rest of a burst of events
     finally:
-        if _wake.get(key) is wake:
-            del _wake[key]
-        executor.forget(namespace, name)
+        daemons = _wake.get(key, {})
+        if daemons.get(uid) is wake:
+            del daemons[uid]
+        if not daemons:
+            _wake.pop(key, None)
+        executor.forget(namespace, name, uid)
+
+
+def _without_finalizer(fn: Any) -> None:
+    """Mark the kopf daemon of `fn` as needing no finalizer (see the module's docstring).
+
+    kopf has no public switch for this (nolar/kopf#833, #896); its handlers are frozen
+    dataclasses in the default registry, so the handler is replaced by a copy. A unit test checks
+    that no registered handler requires a finalizer, so a kopf release that moves this fails it."""
+    spawning = kopf.get_default_registry()._spawning
+    spawning._handlers = [
+        dataclasses.replace(h, requires_finalizer=False) if getattr(h, "fn", None) is fn else h
+        for h in spawning._handlers
+    ]
+
+
+_without_finalizer(job_worker)

@@ -1,7 +1,10 @@
 """The few API calls the operator makes, on plain dicts, over the official client's ApiClient.
 
 Every error that means "try again later" becomes `kopf.TemporaryError`-compatible `Retry`; a
-conflict on the status write (another writer got there first) is `Conflict`. Kept generic
+conflict on the status write (another writer got there first) is `Conflict`. A request the API
+server refuses (HTTP 400, 403, 422: an invalid object, a quota, an admission webhook, RBAC) is
+`Rejected`, a `Retry` that carries the status code and the server's message, so that the caller
+can report it (the executor does, for creates) and decide whether retrying can help. Kept generic
 (any kind, by apiVersion and kind) so that PodGroups of scheduler-plugins or Volcano need no
 extra client.
 """
@@ -25,6 +28,7 @@ PLURALS = {
     "Role": "roles",
     "RoleBinding": "rolebindings",
     "PodGroup": "podgroups",
+    "NetworkPolicy": "networkpolicies",
     labels.KIND: labels.PLURAL,
 }
 
@@ -35,6 +39,20 @@ class Retry(Exception):
     def __init__(self, message: str, delay: float = 5.0):
         super().__init__(message)
         self.delay = delay
+
+
+class Rejected(Retry):
+    """The API server refused the request: `code` 400/422 (invalid; the same request fails again)
+    or 403 (forbidden: quota, LimitRange, admission webhook, RBAC; may clear later)."""
+
+    def __init__(self, message: str, code: int, server_message: str, delay: float = 5.0):
+        super().__init__(message, delay)
+        self.code = code
+        self.server_message = server_message
+
+
+#: HTTP statuses that mean "refused" rather than "failed" (see Rejected).
+REJECTED_STATUSES = (400, 403, 422)
 
 
 class Conflict(Exception):
@@ -94,6 +112,8 @@ class Kube:
             raise Conflict(f"{method} {url}: {message}")
         if status == 404:
             raise LookupError(f"{method} {url}: not found")
+        if status in REJECTED_STATUSES:
+            raise Rejected(f"{method} {url}: HTTP {status}: {message}", status, message)
         raise Retry(f"{method} {url}: HTTP {status}: {message}", 1.0 if status == 429 else 5.0)
 
     # -- reads ------------------------------------------------------------------------------------
@@ -109,6 +129,16 @@ class Kube:
             "GET", path("v1", "Pod", namespace), query=[("labelSelector", f"{labels.JOB_NAME}={job}")]
         )
         return list(data.get("items") or [])
+
+    def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """The stored object of `obj`'s kind, namespace and name, or None when there is none."""
+        meta = obj["metadata"]
+        try:
+            return self._call(  # type: ignore[no-any-return]
+                "GET", path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+            )
+        except LookupError:
+            return None
 
     # -- writes -----------------------------------------------------------------------------------
 

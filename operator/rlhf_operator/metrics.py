@@ -27,16 +27,37 @@ AUTOSCALE_DECISIONS = Counter(
     ["direction"],
 )
 
-_phases: dict[tuple[str, str], str] = {}
+#: The last phase of each job the operator drives: (namespace, name) -> (uid, phase).
+_phases: dict[tuple[str, str], tuple[str | None, str]] = {}
 
 
-def observe_phase(namespace: str, name: str, phase: str | None) -> None:
+def observe_phase(namespace: str, name: str, phase: str | None, uid: str | None = None) -> None:
     """Record a job's phase (None: the job is gone) and refresh the jobs-by-phase gauge."""
     key = (namespace, name)
     if phase is None:
         _phases.pop(key, None)
     else:
-        _phases[key] = phase
-    tally = _Tally(_phases.values())
-    for p in PHASES:
-        JOBS.labels(p).set(tally.get(p, 0))
+        _phases[key] = (uid, phase)
+    _refresh()
+
+
+def forget_job(namespace: str, name: str, uid: str | None = None) -> None:
+    """The job is gone (or its daemon stopped): it no longer counts in `rlhf_operator_jobs`, so
+    `RLHFJobFailed` clears once a failed job is deleted. With `uid`, only that incarnation (a job
+    recreated under the same name keeps its series)."""
+    key = (namespace, name)
+    recorded = _phases.get(key)
+    if recorded is not None and (uid is None or recorded[0] in (uid, None)):
+        del _phases[key]
+    _refresh()
+
+
+def jobs_by_phase() -> dict[str, int]:
+    """What `rlhf_operator_jobs` reports, by phase (every phase, zeros included)."""
+    tally = _Tally(phase for _, phase in _phases.values())
+    return {p: tally.get(p, 0) for p in PHASES}
+
+
+def _refresh() -> None:
+    for p, n in jobs_by_phase().items():
+        JOBS.labels(p).set(n)

@@ -5,6 +5,13 @@ carry the job's label, and returns what to do: the new status, the pods to creat
 Events to emit, and when to look again. It never relies on having seen an event: whatever the
 operator finds after a restart, the same function computes the way forward (level-based).
 
+The pass is a sequence of small named steps (`STEPS`), each a short function of a `Pass` (what
+was observed, and the status and plan being built) that either hands on to the next step or ends
+the pass: parse_spec, sort_attempts, finished, suspended, resumed, controller_succeeded,
+desired_pods, collect_failures, act_on_failures, report_problems, restart_backoff, rollout_fleet,
+create_missing, count_members, all_created, all_scheduled, all_running. Each has its own
+table-driven test (tests/unit/operator/test_operator_reconcile_steps.py).
+
 The handler applies a plan in this order: status first (with the job's resourceVersion, so a plan
 computed from a stale view is rejected), then pod deletions and creations. A crash between the
 two leaves a status that the next pass completes.
@@ -21,13 +28,26 @@ Phases::
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhf_operator import children, failure_policy, gang, labels, rollout, suspend, ttl
+from rlhf_operator import (
+    children,
+    failure_policy,
+    gang,
+    labels,
+    ownership,
+    pod_health,
+    rollout,
+    suspend,
+    ttl,
+)
 from rlhf_operator.status import (
+    CHILD_FAILURE,
     FAILED,
     FINISHED,
+    POD_FAILURE,
     RESTARTING,
     RUNNING,
     SCHEDULED,
@@ -41,7 +61,8 @@ from rlhf_operator.status import (
     set_condition,
     summary,
 )
-from rlhf_trainer.spec import RLTrainingJob, SpecError, parse_job
+from rlhf_trainer import contract
+from rlhf_trainer.spec import JobSpec, RLTrainingJob, SpecError, parse_job
 
 #: The status keys the operator owns (progress and rollout.syncedGeneration belong to the controller pod).
 OPERATOR_KEYS = (
@@ -49,6 +70,7 @@ OPERATOR_KEYS = (
     "conditions",
     "observedGeneration",
     "restarts",
+    "countedRestarts",
     "startTime",
     "completionTime",
     "rollout",
@@ -81,6 +103,9 @@ class Plan:
     invalid: str | None = None
     #: Parsed job (None when invalid); the handler uses it to build the static children.
     job: RLTrainingJob | None = None
+    #: Pods the job wants whose names are held by pods it does not own (`ownership`): not
+    #: created, reported by the executor like a refused create.
+    blocked: list[failure_policy.Rejection] = field(default_factory=list)
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.0)
@@ -123,264 +148,613 @@ def _terminal(pod: dict[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
-def plan(body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime) -> Plan:
-    """Reconcile one job. `body` is the job as read from the API server; `pods` its labelled pods."""
-    meta = body.get("metadata") or {}
-    old: dict[str, Any] = dict(body.get("status") or {})
-    conditions: list[dict[str, Any]] = list(old.get("conditions") or [])
-    phase = old.get("phase") or "Pending"
-    st: dict[str, Any] = {
-        "phase": phase,
-        "observedGeneration": meta.get("generation", 0),
-        "restarts": int(old.get("restarts") or 0),
-    }
-    for key in ("startTime", "completionTime"):
-        if old.get(key):
-            st[key] = old[key]
-    out = Plan(status=st)
+# -- one pass -------------------------------------------------------------------------------------
 
-    def cond(type_: str, true: bool, reason: str, message: str, restart_clock: bool = False) -> None:
-        nonlocal conditions
+
+@dataclass
+class Pass:
+    """The state of one reconcile pass, shared by its steps: what was observed (read-only) and the
+    status, conditions and plan being built. Steps run in the order of `STEPS`; each reads what
+    the earlier ones recorded here."""
+
+    now: dt.datetime
+    #: The job as read from the API server.
+    body: dict[str, Any]
+    meta: dict[str, Any]
+    #: The status as the job carries it (written by the last pass and by the controller pod).
+    old: dict[str, Any]
+    #: Pods whose controller owner reference carries the job's UID (`ownership`).
+    pods: list[dict[str, Any]]
+    #: Labelled pods the job does not own: their names are held, never adopted.
+    foreign: list[dict[str, Any]]
+    #: The operator's keys of the new status (the plan's `status`).
+    st: dict[str, Any]
+    out: Plan
+    conditions: list[dict[str, Any]]
+    #: The phase the pass works from: the job's, until a step moves it (resume, all pods created).
+    phase: str
+    # Recorded by the steps:
+    attempt: int = 0
+    current: list[dict[str, Any]] = field(default_factory=list)
+    by_name: dict[str, dict[str, Any]] = field(default_factory=dict)
+    desired_gang: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rollout_desired: int = 0
+    #: Rollout pods the fleet adds this pass, by name.
+    desired_rollout: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failures: list[failure_policy.PodFailure] = field(default_factory=list)
+    leaving: set[str] = field(default_factory=set)
+    members: list[dict[str, Any]] = field(default_factory=list)
+    expected: int = 0
+
+    @classmethod
+    def start(cls, body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime) -> Pass:
+        meta = body.get("metadata") or {}
+        owned, foreign = ownership.split(pods, meta.get("uid", ""))
+        old: dict[str, Any] = dict(body.get("status") or {})
+        phase = old.get("phase") or "Pending"
+        restarts = int(old.get("restarts") or 0)
+        # Absent while every restart counted (see finish).
+        counted = old.get("countedRestarts")
+        st: dict[str, Any] = {
+            "phase": phase,
+            "observedGeneration": meta.get("generation", 0),
+            "restarts": restarts,
+            "countedRestarts": restarts if counted is None else int(counted),
+        }
+        for key in ("startTime", "completionTime"):
+            if old.get(key):
+                st[key] = old[key]
+        conditions = list(old.get("conditions") or [])
+        return cls(now, body, meta, old, owned, foreign, st, Plan(status=st), conditions, phase)
+
+    # -- what the steps read -------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name", ""))
+
+    @property
+    def uid(self) -> str:
+        return str(self.meta.get("uid", ""))
+
+    @property
+    def job(self) -> RLTrainingJob:
+        assert self.out.job is not None, "a step after parse_spec"
+        return self.out.job
+
+    @property
+    def spec(self) -> JobSpec:
+        return self.job.spec
+
+    @property
+    def controller_name(self) -> str:
+        return children.pod_name(self.name, labels.CONTROLLER_ROLE)
+
+    def condition(self, type_: str) -> dict[str, Any]:
+        return get_condition({"conditions": self.conditions}, type_) or {}
+
+    def since(self, type_: str) -> dt.datetime | None:
+        """When condition `type_` last flipped."""
+        return parse_time(self.condition(type_).get("lastTransitionTime"))
+
+    def failure_of(self, pod: dict[str, Any]) -> failure_policy.PodFailure | None:
+        return failure_policy.pod_failure(pod, self.now, self.spec.scheduling.timeout_seconds)
+
+    def replace_alone(self, pod: dict[str, Any]) -> failure_policy.PodFailure | None:
+        """A rollout pod's failure that a new pod can cure (it is replaced alone), else None."""
+        f = self.failure_of(pod)
+        return f if f is not None and f.acting and f.restartable else None
+
+    def unfinished(self) -> list[dict[str, Any]]:
+        """Pods of the current attempt that still hold a node and are not being deleted yet."""
+        return [p for p in self.current if not _terminal(p) and not _deleting(p)]
+
+    # -- what the steps write ------------------------------------------------------------------
+
+    def cond(self, type_: str, true: bool, reason: str, message: str, restart_clock: bool = False) -> None:
         if restart_clock:  # a new wait begins even if the status does not flip
-            conditions = [c for c in conditions if c.get("type") != type_]
-        conditions = set_condition(conditions, type_, true, reason, message, now)
+            self.conditions = [c for c in self.conditions if c.get("type") != type_]
+        self.conditions = set_condition(self.conditions, type_, true, reason, message, self.now)
 
-    def clear(type_: str, reason: str, message: str = "") -> None:
+    def clear(self, type_: str, reason: str, message: str = "") -> None:
         """Set a condition False only when it is present and True (no churn of absent ones)."""
-        c = get_condition({"conditions": conditions}, type_)
-        if c and c.get("status") == "True":
-            cond(type_, False, reason, message)
+        if self.condition(type_).get("status") == "True":
+            self.cond(type_, False, reason, message)
 
-    def transition(new_phase: str, reason: str, message: str, warning: bool = False) -> None:
-        if st["phase"] != new_phase:
-            out.events.append(Event("Warning" if warning else "Normal", reason, message))
-        st["phase"] = new_phase
+    def transition(self, new_phase: str, reason: str, message: str, warning: bool = False) -> None:
+        if self.st["phase"] != new_phase:
+            self.out.events.append(Event("Warning" if warning else "Normal", reason, message))
+        self.st["phase"] = new_phase
 
-    def finish() -> Plan:
-        st["conditions"] = conditions
-        unique = {p["metadata"]["name"]: p for p in out.delete}
-        out.delete[:] = list(unique.values())
+    def finish_job(self, phase: str, reason: str, message: str, event: tuple[str, str] | None = None) -> None:
+        """Succeeded or Failed: the completion time, the phase's condition (and its Event, or
+        `event`'s reason and message), the nodes freed, the TTL's wake-up."""
+        self.st["completionTime"] = rfc3339(self.now)
+        self.cond(phase, True, reason, message)
+        self.clear(RUNNING, phase)
+        self.transition(phase, *(event or (reason, message)), warning=phase == FAILED)
+        self.out.delete.extend(self.unfinished())
+        if self.spec.ttl_seconds_after_finished is not None:
+            self.out.requeue(self.spec.ttl_seconds_after_finished)
+
+    def finish(self) -> Plan:
+        st, old = self.st, self.old
+        st["conditions"] = self.conditions
+        if st["countedRestarts"] == st["restarts"]:  # written only once a restart went uncounted
+            del st["countedRestarts"]
+            if "countedRestarts" in old:
+                st["countedRestarts"] = None  # the merge patch removes it
+        unique = {p["metadata"]["name"]: p for p in self.out.delete}
+        self.out.delete[:] = list(unique.values())
         prev_rollout = old.get("rollout") or {}
         st.setdefault(
             "rollout",
             {k: prev_rollout[k] for k in ROLLOUT_KEYS if k in prev_rollout}
-            or {"desired": 0, "ready": 0, "selector": children.selector(name, "rollout"), "generation": 0},
+            or {
+                "desired": 0,
+                "ready": 0,
+                "selector": children.selector(self.name, "rollout"),
+                "generation": 0,
+            },
         )
-        total = out.job.spec.training.steps if out.job else 0
+        total = self.out.job.spec.training.steps if self.out.job else 0
         st["summary"] = summary({**old, **st, "progress": old.get("progress") or {}}, total)
-        return out
+        return self.out
 
-    name = meta.get("name", "")
+
+#: A step of the pass: True ends the pass (the plan is complete), False hands on to the next.
+Step = Callable[[Pass], bool]
+DONE, NEXT = True, False
+
+
+def parse_spec(p: Pass) -> bool:
+    """An invalid spec fails the job (`InvalidSpec`, every problem named); the handler then stops."""
     try:
-        job = parse_job({k: v for k, v in body.items() if k != "status"})
+        p.out.job = parse_job({k: v for k, v in p.body.items() if k != "status"})
     except SpecError as err:
         message = "; ".join(err.errors)
-        out.invalid = message
-        if phase != "Failed":
-            st["completionTime"] = rfc3339(now)
-        cond(FAILED, True, "InvalidSpec", message)
-        transition("Failed", "InvalidSpec", message, warning=True)
-        return finish()
-    out.job = job
-    spec = job.spec
-    attempt = st["restarts"]
-    current = [p for p in pods if _attempt(p) == attempt]
-    stale = [p for p in pods if _attempt(p) != attempt]
-    out.delete.extend(p for p in stale if not _deleting(p))
-    by_name = {p["metadata"]["name"]: p for p in pods}
+        p.out.invalid = message
+        if p.phase != "Failed":
+            p.st["completionTime"] = rfc3339(p.now)
+        p.cond(FAILED, True, "InvalidSpec", message)
+        p.transition("Failed", "InvalidSpec", message, warning=True)
+        return DONE
+    return NEXT
 
-    # -- finished: free the nodes, keep terminated pods for their logs, honour the TTL ---------------
-    if phase in FINISHED:
-        out.delete.extend(p for p in current if not _terminal(p) and not _deleting(p))
-        left = ttl.seconds_left(parse_time(old.get("completionTime")), spec.ttl_seconds_after_finished, now)
-        if left is not None:
-            if left <= 0:
-                out.delete_job = True
-            else:
-                out.requeue(left)
-        return finish()
 
-    # -- suspend ----------------------------------------------------------------------------------
-    if spec.suspend:
-        out.delete.extend(p for p in suspend.pods_to_remove(current))
-        cond(SUSPENDED, True, "Suspended", "spec.suspend is true: pods removed, checkpoints kept")
-        clear(SCHEDULED, "Suspended")
-        clear(RUNNING, "Suspended")
-        transition("Suspended", "Suspended", "job suspended; its pods are being removed")
-        return finish()
-    if suspend.resumed(phase, spec.suspend):
-        cond(
+def sort_attempts(p: Pass) -> bool:
+    """The current attempt's pods (label restart-attempt = restarts) count; older ones are deleted."""
+    p.attempt = p.st["restarts"]
+    p.current = [x for x in p.pods if _attempt(x) == p.attempt]
+    p.out.delete.extend(x for x in p.pods if _attempt(x) != p.attempt and not _deleting(x))
+    p.by_name = {x["metadata"]["name"]: x for x in p.pods}
+    return NEXT
+
+
+def finished(p: Pass) -> bool:
+    """Succeeded or Failed: free the nodes, keep terminated pods for their logs, honour the TTL."""
+    if p.phase not in FINISHED:
+        return NEXT
+    p.out.delete.extend(p.unfinished())
+    left = ttl.seconds_left(parse_time(p.old.get("completionTime")), p.spec.ttl_seconds_after_finished, p.now)
+    if left is not None:
+        if left <= 0:
+            p.out.delete_job = True
+        else:
+            p.out.requeue(left)
+    return DONE
+
+
+def suspended(p: Pass) -> bool:
+    """spec.suspend: remove every pod (checkpoints stay), phase Suspended."""
+    if not p.spec.suspend:
+        return NEXT
+    p.out.delete.extend(suspend.pods_to_remove(p.current))
+    p.cond(SUSPENDED, True, "Suspended", "spec.suspend is true: pods removed, checkpoints kept")
+    p.clear(SCHEDULED, "Suspended")
+    p.clear(RUNNING, "Suspended")
+    p.transition("Suspended", "Suspended", "job suspended; its pods are being removed")
+    return DONE
+
+
+def resumed(p: Pass) -> bool:
+    """The pass that ends a suspension starts the job over from Pending (not a restart)."""
+    if suspend.resumed(p.phase, p.spec.suspend):
+        p.cond(
             SUSPENDED,
             False,
             "Resumed",
             "spec.suspend is false: pods recreated; training resumes from the last checkpoint",
         )
-        transition("Pending", "Resumed", "job resumed from its last checkpoint")
-        phase = "Pending"
+        p.transition("Pending", "Resumed", "job resumed from its last checkpoint")
+        p.phase = "Pending"
+    return NEXT
 
-    # -- the controller pod decides success -----------------------------------------------------------
-    controller_name = children.pod_name(name, labels.CONTROLLER_ROLE)
-    controller = by_name.get(controller_name)
+
+def controller_succeeded(p: Pass) -> bool:
+    """The controller pod of the current attempt decides success."""
+    controller = p.by_name.get(p.controller_name)
     if (
-        controller is not None
-        and _attempt(controller) == attempt
-        and (controller.get("status") or {}).get("phase") == "Succeeded"
+        controller is None
+        or _attempt(controller) != p.attempt
+        or (controller.get("status") or {}).get("phase") != "Succeeded"
     ):
-        st["completionTime"] = rfc3339(now)
-        cond(SUCCEEDED, True, "ControllerSucceeded", f"pod {controller_name} completed the training run")
-        clear(RUNNING, "Succeeded")
-        transition("Succeeded", "Succeeded", f"training finished (pod {controller_name} succeeded)")
-        out.delete.extend(p for p in current if not _terminal(p) and not _deleting(p))
-        if spec.ttl_seconds_after_finished is not None:
-            out.requeue(spec.ttl_seconds_after_finished)
-        return finish()
-
-    # -- desired pods ---------------------------------------------------------------------------
-    replicas = children.role_replicas(spec)
-    rollout_desired = replicas.get("rollout", 0)
-    desired_gang = {
-        n: p
-        for n, p in children.build_pods(job, attempt, rollout_replicas=0).items()
-        if _labels(p)[labels.ROLE] != "rollout"
-    }
-    started = phase in ("Scheduling", "Running")
-
-    # -- gang failures ----------------------------------------------------------------------------
-    failures: list[failure_policy.PodFailure] = []
-    for pname in desired_gang:
-        pod = by_name.get(pname)
-        if pod is None or _attempt(pod) != attempt:
-            if started and pod is None:
-                failures.append(failure_policy.missing_pod(pname, _labels(desired_gang[pname])[labels.ROLE]))
-            continue
-        f = failure_policy.pod_failure(pod)
-        if f is None and pname != controller_name and (pod.get("status") or {}).get("phase") == "Succeeded":
-            f = failure_policy.PodFailure(
-                pname, _labels(pod)[labels.ROLE], "WorkerExited", f"pod {pname} exited before the controller"
-            )
-        if f is not None:
-            failures.append(f)
-    if failures and phase != "Restarting":
-        first = failures[0]
-        detail = "; ".join(f.message for f in failures[:3])
-        policy = spec.failure_policy
-        rgen = int((old.get("rollout") or {}).get("generation") or 0)
-        if failure_policy.exhausted(policy, st["restarts"]):
-            message = (
-                f"{detail}; maxRestarts ({policy.max_restarts}) exhausted after {st['restarts']} restarts"
-            )
-            st["completionTime"] = rfc3339(now)
-            cond(FAILED, True, "MaxRestartsExceeded", message)
-            clear(RUNNING, "Failed")
-            transition("Failed", "MaxRestartsExceeded", message, warning=True)
-            out.delete.extend(p for p in current if not _terminal(p) and not _deleting(p))
-            if spec.ttl_seconds_after_finished is not None:
-                out.requeue(spec.ttl_seconds_after_finished)
-            return finish()
-        st["restarts"] += 1
-        delay = failure_policy.backoff_seconds(policy, st["restarts"])
-        message = f"{detail}; gang restart {st['restarts']}/{policy.max_restarts} from the last checkpoint in {delay:.0f}s"
-        cond(RESTARTING, True, first.reason, message)
-        cond(SCHEDULED, False, "Restarting", "the gang is restarting")
-        clear(RUNNING, "Restarting", "the gang is restarting")
-        transition("Restarting", "GangRestart", message, warning=True)
-        out.delete.extend(p for p in current if not _deleting(p))  # now stale: a new attempt begins
-        st["rollout"] = {
-            "desired": rollout_desired,
-            "ready": 0,
-            "selector": children.selector(name, "rollout"),
-            "generation": rgen + 1,
-        }
-        out.requeue(delay)
-        return finish()
-
-    # -- restart backoff --------------------------------------------------------------------------
-    if phase == "Restarting":
-        since = parse_time(
-            (get_condition({"conditions": conditions}, RESTARTING) or {}).get("lastTransitionTime")
-        )
-        wait = failure_policy.backoff_seconds(spec.failure_policy, st["restarts"])
-        left = wait - ((now - since).total_seconds() if since else wait)
-        if left > 0:
-            out.requeue(left)
-            return finish()
-
-    # -- rollout fleet ------------------------------------------------------------------------------
-    prev_rollout = old.get("rollout") or {}
-    rollout_pods = [p for p in current if _labels(p).get(labels.ROLE) == "rollout"]
-    rplan = rollout.plan_rollout(
-        rollout_pods,
-        desired=rollout_desired,
-        previous_desired=prev_rollout.get("desired") if "generation" in prev_rollout else None,
-        generation=int(prev_rollout.get("generation") or 0),
-        synced_generation=int(prev_rollout.get("syncedGeneration") or 0),
-        job_started=started,
+        return NEXT
+    name = p.controller_name
+    p.finish_job(
+        SUCCEEDED,
+        "ControllerSucceeded",
+        f"pod {name} completed the training run",
+        event=("Succeeded", f"training finished (pod {name} succeeded)"),
     )
-    out.delete.extend(rplan.delete)
+    return DONE
+
+
+def desired_pods(p: Pass) -> bool:
+    """The gang's pods of this attempt (rollout pods are the fleet's: `rollout_fleet`)."""
+    p.rollout_desired = children.role_replicas(p.spec).get("rollout", 0)
+    p.desired_gang = {
+        n: x
+        for n, x in children.build_pods(p.job, p.attempt, rollout_replicas=0).items()
+        if _labels(x)[labels.ROLE] != "rollout"
+    }
+    return NEXT
+
+
+def collect_failures(p: Pass) -> bool:
+    """Failures of the gang: pods failed, being deleted, unable to start, or (once the gang has
+    started) gone; a worker that exited before the controller; and, until the job runs, a rollout
+    pod a replacement would not cure (it cannot start without its fleet)."""
+    started = p.phase in ("Scheduling", "Running")
+    for name, want in p.desired_gang.items():
+        pod = p.by_name.get(name)
+        if pod is None or _attempt(pod) != p.attempt:
+            if started and pod is None:
+                p.failures.append(failure_policy.missing_pod(name, _labels(want)[labels.ROLE]))
+            continue
+        if suspend.awaiting_removal(pod, p.phase):  # e.g. the suspension's pods, after a quick resume
+            continue
+        f = p.failure_of(pod)
+        if f is None and name != p.controller_name and (pod.get("status") or {}).get("phase") == "Succeeded":
+            f = failure_policy.worker_exited(name, _labels(pod)[labels.ROLE])
+        if f is not None:
+            p.failures.append(f)
+    for pod in p.current:
+        if p.phase != "Running" and _labels(pod).get(labels.ROLE) == "rollout":
+            f = p.failure_of(pod)
+            if f is not None and f.acting and not f.restartable:
+                p.failures.append(f)
+    return NEXT
+
+
+def act_on_failures(p: Pass) -> bool:
+    """The failure policy's decision on the failures that act now: a gang restart (counted or not)
+    or the job Failed. A job already Restarting has acted; its next attempt's pods are not here yet."""
+    acting = [f for f in p.failures if f.acting]
+    if not acting or p.phase == "Restarting":
+        return NEXT
+    decision = failure_policy.decide(p.spec.failure_policy, acting, p.st["countedRestarts"])
+    detail = "; ".join(f.message for f in acting[:3])
+    if decision.action == failure_policy.FAIL_JOB:
+        _fail(p, decision, detail)
+    else:
+        _restart(p, decision, detail)
+    return DONE
+
+
+def _fail(p: Pass, decision: failure_policy.Decision, detail: str) -> None:
+    first = decision.verdict.failure
+    policy = p.spec.failure_policy
+    if decision.exhausted:
+        reason = "MaxRestartsExceeded"
+        message = f"{detail}; maxRestarts ({policy.max_restarts}) exhausted after {p.st['countedRestarts']} restarts"
+    elif decision.verdict.rule is not None:
+        reason = "FailedByRule"
+        message = f"{first.message}; the job fails: {decision.verdict.describe()}"
+    else:
+        reason = first.reason
+        message = (
+            f"{first.message}; the job fails without a gang restart: the restarted pods "
+            "would pull the same image (fix spec.image or its pull secret, then re-create the job)"
+        )
+    p.cond(POD_FAILURE, True, first.reason, first.message)
+    p.finish_job(FAILED, reason, message)
+
+
+def _restart(p: Pass, decision: failure_policy.Decision, detail: str) -> None:
+    """Every pod of this attempt deleted; the next attempt's are created after the backoff."""
+    first = decision.verdict.failure
+    policy = p.spec.failure_policy
+    st = p.st
+    st["restarts"] += 1
+    delay = failure_policy.backoff_seconds(policy, st["restarts"])
+    if decision.action == failure_policy.RESTART_GANG:
+        st["countedRestarts"] += 1
+        counted = f"gang restart {st['countedRestarts']}/{policy.max_restarts}"
+    else:  # a RestartGangNoCount rule
+        counted = f"gang restart not counted against maxRestarts ({decision.verdict.describe()})"
+    message = f"{detail}; {counted} from the last checkpoint in {delay:.0f}s"
+    p.cond(RESTARTING, True, first.reason, message)
+    p.cond(SCHEDULED, False, "Restarting", "the gang is restarting")
+    p.clear(RUNNING, "Restarting", "the gang is restarting")
+    p.clear(POD_FAILURE, "GangRestart", first.message)  # the next attempt's problems are new ones
+    p.transition("Restarting", "GangRestart", message, warning=True)
+    p.out.delete.extend(x for x in p.current if not _deleting(x))  # now stale: a new attempt begins
+    st["rollout"] = {
+        "desired": p.rollout_desired,
+        "ready": 0,
+        "selector": children.selector(p.name, "rollout"),
+        "generation": int((p.old.get("rollout") or {}).get("generation") or 0) + 1,
+    }
+    p.out.requeue(delay)
+
+
+def report_problems(p: Pass) -> bool:
+    """What does not act yet (the kubelet still retries; a rollout pod a new one would not cure)
+    sets the PodFailure condition, with one Warning Event per occurrence; wake up when it acts,
+    and when a bound pod reaches its start timeout."""
+    reported = [f for f in p.failures if not f.acting or p.phase == "Restarting"]
+    for pod in p.current:
+        f = p.failure_of(pod) if _labels(pod).get(labels.ROLE) == "rollout" else None
+        if f is not None and p.replace_alone(pod) is None and f not in reported:
+            reported.append(f)
+    for f in reported:
+        if not f.acting:
+            p.out.requeue(f.act_in)
+    timeout = p.spec.scheduling.timeout_seconds
+    for pod in p.current:
+        if (left := pod_health.seconds_to_start_timeout(pod, p.now, timeout)) is not None and left > 0:
+            p.out.requeue(left)
+    if reported:
+        _report(p, reported)
+    else:
+        p.clear(POD_FAILURE, "PodsHealthy", "no pod of the current attempt has a problem")
+    return NEXT
+
+
+def _report(p: Pass, reported: list[failure_policy.PodFailure]) -> None:
+    was = p.condition(POD_FAILURE)
+
+    def reported_before(f: failure_policy.PodFailure) -> bool:
+        return (
+            was.get("status") == "True"
+            and was.get("reason") == f.reason
+            and str(was.get("message", "")).startswith(f.subject + ":")
+        )
+
+    # Keep naming the occurrence already reported while it lasts (pods of a gang show the same
+    # problem one after the other); the others are listed.
+    report = next((f for f in reported if reported_before(f)), reported[0])
+    same = reported_before(report)
+    message = report.message
+    others = sorted({f.pod for f in reported} - {report.pod})
+    if others:
+        more = f" and {len(others) - 5} more" if len(others) > 5 else ""
+        message += f"; also pods {', '.join(others[:5])}{more}"
+    if not same:
+        p.out.events.append(Event("Warning", report.reason, message))
+    elif "BackOff" in message and "BackOff" not in str(was.get("message")):
+        message = str(was.get("message"))  # keep the pull error itself, not the kubelet's back-off line
+    p.cond(POD_FAILURE, True, report.reason, message)
+
+
+def restart_backoff(p: Pass) -> bool:
+    """A restarting gang waits out its backoff (from when Restarting turned True)."""
+    if p.phase != "Restarting":
+        return NEXT
+    since = p.since(RESTARTING)
+    wait = failure_policy.backoff_seconds(p.spec.failure_policy, p.st["restarts"])
+    left = wait - ((p.now - since).total_seconds() if since else wait)
+    if left > 0:
+        p.out.requeue(left)
+        return DONE
+    return NEXT
+
+
+def rollout_fleet(p: Pass) -> bool:
+    """The elastic fleet through the resharding protocol (`rollout.plan_rollout`): failed members
+    replaced alone, leavers drained before deletion, the generation bumped on each change."""
+    prev = p.old.get("rollout") or {}
+    rplan = rollout.plan_rollout(
+        [x for x in p.current if _labels(x).get(labels.ROLE) == "rollout"],
+        desired=p.rollout_desired,
+        previous_desired=prev.get("desired") if "generation" in prev else None,
+        generation=int(prev.get(contract.ROLLOUT_GENERATION) or 0),
+        # Written by the controller pod (the pod contract's status key), read here.
+        synced_generation=int(prev.get(contract.ROLLOUT_SYNCED_GENERATION) or 0),
+        job_started=p.phase in ("Scheduling", "Running"),
+        failure_of=p.replace_alone,
+    )
+    p.out.delete.extend(rplan.delete)
     for msg in rplan.failures:
-        out.events.append(Event("Warning", "RolloutReplicaFailed", msg))
+        p.out.events.append(Event("Warning", "RolloutReplicaFailed", msg))
     for msg in rplan.changes:
-        out.events.append(
+        p.out.events.append(
             Event("Normal", "RolloutMembershipChanged", f"{msg} (generation {rplan.generation})")
         )
-    st["rollout"] = {
-        "desired": rollout_desired,
+    p.st["rollout"] = {
+        "desired": p.rollout_desired,
         "ready": rplan.ready,
-        "selector": children.selector(name, "rollout"),
+        "selector": children.selector(p.name, "rollout"),
         "generation": rplan.generation,
     }
-
-    # -- create what is missing (a name still held by a terminating pod waits for the next pass) ------
-    want = dict(desired_gang)
+    p.leaving = set(rplan.draining) | {x["metadata"]["name"] for x in rplan.delete}
     for i in rplan.create:
-        pod = children.build_pod(job, "rollout", i, attempt)
-        want[pod["metadata"]["name"]] = pod
-    leaving = set(rplan.draining) | {p["metadata"]["name"] for p in rplan.delete}
-    out.create.extend(pod for pname, pod in want.items() if pname not in by_name)
+        pod = children.build_pod(p.job, "rollout", i, p.attempt)
+        p.desired_rollout[pod["metadata"]["name"]] = pod
+    return NEXT
 
-    # -- phase ------------------------------------------------------------------------------------
-    member_names = set(desired_gang) | {children.pod_name(name, "rollout", i) for i in range(rollout_desired)}
-    members = [
-        p for p in current if p["metadata"]["name"] in member_names and p["metadata"]["name"] not in leaving
+
+def create_missing(p: Pass) -> bool:
+    """Create every wanted pod that does not exist; a name still held by a terminating pod waits
+    for the next pass, one held by a pod the job does not own is reported (`ownership`)."""
+    want = {**p.desired_gang, **p.desired_rollout}
+    held = {x["metadata"]["name"]: x for x in p.foreign}
+    p.out.create.extend(pod for name, pod in want.items() if name not in p.by_name and name not in held)
+    p.out.blocked.extend(ownership.not_owned(held[name], p.uid) for name in sorted(want) if name in held)
+    return NEXT
+
+
+def count_members(p: Pass) -> bool:
+    """The pods that make up the gang and the wanted fleet (not leaving, not awaiting removal)."""
+    names = set(p.desired_gang) | {children.pod_name(p.name, "rollout", i) for i in range(p.rollout_desired)}
+    p.members = [
+        x
+        for x in p.current
+        if x["metadata"]["name"] in names
+        and x["metadata"]["name"] not in p.leaving
+        and not suspend.awaiting_removal(x, p.phase)  # held names: the gang is not all there yet
     ]
-    expected = len(desired_gang) + rollout_desired
-    all_exist = len(members) == expected
-    if phase in ("Pending", "Restarting"):
-        if all_exist:
-            if phase == "Restarting":
-                cond(RESTARTING, False, "PodsRecreated", f"restart {st['restarts']}: every pod recreated")
-            cond(SCHEDULED, False, "WaitingForScheduler", f"{expected} pods created", restart_clock=True)
-            transition("Scheduling", "PodsCreated", f"all {expected} pods of attempt {attempt} created")
-            phase = "Scheduling"
-        else:
-            return finish()
-    state = gang.gang_state(members, expected)
-    if phase == "Scheduling":
-        if state.all_scheduled:
-            cond(SCHEDULED, True, "AllScheduled", f"all {expected} pods bound to nodes")
-            clear(UNSCHEDULABLE, "AllScheduled")
-        else:
-            since = parse_time(
-                (get_condition({"conditions": conditions}, SCHEDULED) or {}).get("lastTransitionTime")
+    p.expected = len(p.desired_gang) + p.rollout_desired
+    return NEXT
+
+
+def all_created(p: Pass) -> bool:
+    """Pending or Restarting: once every pod exists, Scheduling (its clock starts now)."""
+    if p.phase not in ("Pending", "Restarting"):
+        return NEXT
+    if len(p.members) != p.expected:
+        return DONE
+    if p.phase == "Restarting":
+        p.cond(RESTARTING, False, "PodsRecreated", f"restart {p.st['restarts']}: every pod recreated")
+    p.cond(SCHEDULED, False, "WaitingForScheduler", f"{p.expected} pods created", restart_clock=True)
+    p.transition("Scheduling", "PodsCreated", f"all {p.expected} pods of attempt {p.attempt} created")
+    p.phase = "Scheduling"
+    return NEXT
+
+
+def all_scheduled(p: Pass) -> bool:
+    """Scheduling: every pod bound, or past scheduling.timeoutSeconds Unschedulable (then wait or
+    fail, per onTimeout)."""
+    if p.phase != "Scheduling":
+        return NEXT
+    state = gang.gang_state(p.members, p.expected)
+    if state.all_scheduled:
+        p.cond(SCHEDULED, True, "AllScheduled", f"all {p.expected} pods bound to nodes")
+        p.clear(UNSCHEDULABLE, "AllScheduled")
+        return NEXT
+    since = p.since(SCHEDULED)
+    waited = (p.now - since).total_seconds() if since else 0.0
+    timeout = p.spec.scheduling.timeout_seconds
+    if not gang.timed_out(waited, timeout):
+        p.out.requeue(timeout - waited)
+        return NEXT
+    message = f"{p.expected - state.scheduled}/{p.expected} pods unscheduled after {timeout}s: {state.reason}"
+    if not condition_is({"conditions": p.conditions}, UNSCHEDULABLE):
+        p.out.events.append(Event("Warning", "Unschedulable", message))
+    p.cond(UNSCHEDULABLE, True, "Unschedulable", message)
+    if p.spec.scheduling.on_timeout != "fail":
+        return NEXT
+    p.st["completionTime"] = rfc3339(p.now)
+    p.cond(FAILED, True, "Unschedulable", message)
+    p.transition("Failed", "Unschedulable", message, warning=True)
+    p.out.create.clear()
+    p.out.delete.extend(x for x in p.current if not _deleting(x) and x not in p.out.delete)
+    return DONE
+
+
+def all_running(p: Pass) -> bool:
+    """Scheduling: once every pod runs, Running (startTime set once)."""
+    if p.phase == "Scheduling" and gang.gang_state(p.members, p.expected).all_running:
+        p.cond(RUNNING, True, "AllRunning", f"all {p.expected} pods running")
+        p.st.setdefault("startTime", rfc3339(p.now))
+        p.transition("Running", "Running", f"all {p.expected} pods running")
+    return DONE
+
+
+#: The pass, in order. Each step is short and has its own table-driven test
+#: (tests/unit/operator/test_operator_reconcile_steps.py).
+STEPS: tuple[Step, ...] = (
+    parse_spec,
+    sort_attempts,
+    finished,
+    suspended,
+    resumed,
+    controller_succeeded,
+    desired_pods,
+    collect_failures,
+    act_on_failures,
+    report_problems,
+    restart_backoff,
+    rollout_fleet,
+    create_missing,
+    count_members,
+    all_created,
+    all_scheduled,
+    all_running,
+)
+
+
+def plan(body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime) -> Plan:
+    """Reconcile one job. `body` is the job as read from the API server; `pods` its labelled pods
+    (only those whose controller owner reference carries the job's UID count; see `ownership`)."""
+    p = Pass.start(body, pods, now)
+    for step in STEPS:
+        if step(p) is DONE:
+            break
+    return p.finish()
+
+
+@dataclass
+class ChildrenReport:
+    """What the executor writes after a pass's creates: the ChildFailure condition (and, for a
+    permanent rejection, phase Failed), its Event, and when to try a refused create again."""
+
+    #: Operator keys of the status to merge-patch; None when nothing changes.
+    status: dict[str, Any] | None = None
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+
+
+def report_children(
+    status: dict[str, Any],
+    rejection: failure_policy.Rejection | None,
+    attempted: bool,
+    now: dt.datetime,
+) -> ChildrenReport:
+    """Report the outcome of the creates of one pass, level-based: `status` is the job's status as
+    this pass wrote it, `rejection` the first create the API server refused (the pass stops
+    creating there), `attempted` whether any create was sent.
+
+    A permanent rejection (HTTP 400/422) fails the job (`ChildRejected`): the same spec builds the
+    same object. A 403 (quota, LimitRange, webhook, RBAC) sets ChildFailure (QuotaExceeded or
+    ChildForbidden) and asks for a retry after as long as it has been refused (5 s to 300 s). The
+    Event is posted once per occurrence (a new object or reason), not on every retry. Once the
+    creates go through, ChildFailure turns False."""
+    phase = status.get("phase")
+    if phase in FINISHED:
+        return ChildrenReport()
+    conditions: list[dict[str, Any]] = list(status.get("conditions") or [])
+    was = get_condition(status, CHILD_FAILURE)
+    if rejection is None:
+        if was and was.get("status") == "True" and (attempted or phase in ("Scheduling", "Running")):
+            conds = set_condition(
+                conditions, CHILD_FAILURE, False, "ChildrenCreated", "every child object was created", now
             )
-            waited = (now - since).total_seconds() if since else 0.0
-            timeout = spec.scheduling.timeout_seconds
-            if gang.timed_out(waited, timeout):
-                message = f"{expected - state.scheduled}/{expected} pods unscheduled after {timeout}s: {state.reason}"
-                if not condition_is({"conditions": conditions}, UNSCHEDULABLE):
-                    out.events.append(Event("Warning", "Unschedulable", message))
-                cond(UNSCHEDULABLE, True, "Unschedulable", message)
-                if spec.scheduling.on_timeout == "fail":
-                    st["completionTime"] = rfc3339(now)
-                    cond(FAILED, True, "Unschedulable", message)
-                    transition("Failed", "Unschedulable", message, warning=True)
-                    out.create.clear()
-                    out.delete.extend(p for p in current if not _deleting(p) and p not in out.delete)
-                    return finish()
-            else:
-                out.requeue(timeout - waited)
-        if state.all_running:
-            cond(RUNNING, True, "AllRunning", f"all {expected} pods running")
-            st.setdefault("startTime", rfc3339(now))
-            transition("Running", "Running", f"all {expected} pods running")
-    return finish()
+            return ChildrenReport(status={"conditions": conds})
+        return ChildrenReport()
+    message = rejection.describe()
+    same = bool(
+        was
+        and was.get("status") == "True"
+        and was.get("reason") == rejection.reason
+        and str(was.get("message", "")).startswith(rejection.subject + ":")
+    )
+    conds = set_condition(conditions, CHILD_FAILURE, True, rejection.reason, message, now)
+    if rejection.permanent:
+        message += "; the job fails: the same spec would build the same object (fix the spec, then re-create the job)"
+        conds = set_condition(conds, FAILED, True, rejection.reason, message, now)
+        if condition_is(status, RUNNING):
+            conds = set_condition(conds, RUNNING, False, "Failed", "", now)
+        return ChildrenReport(
+            status={"phase": "Failed", "conditions": conds, "completionTime": rfc3339(now)},
+            events=[Event("Warning", rejection.reason, message)],
+            requeue_after=0.0,  # the next pass frees what was created (phase Failed)
+        )
+    since = parse_time(was.get("lastTransitionTime")) if same and was else None
+    retry = failure_policy.rejection_retry_seconds((now - since).total_seconds() if since else 0.0)
+    return ChildrenReport(
+        status={"conditions": conds} if conds != conditions else None,
+        events=[] if same else [Event("Warning", rejection.reason, f"{message}; retrying in {retry:.0f}s")],
+        requeue_after=retry,
+    )

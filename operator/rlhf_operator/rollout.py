@@ -11,11 +11,12 @@ Before the job runs (nothing to drain) leaving pods are deleted at once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlhf_operator import labels
-from rlhf_operator.failure_policy import pod_failure
+from rlhf_operator.failure_policy import PodFailure, pod_failure
 
 
 @dataclass
@@ -46,12 +47,14 @@ def plan_rollout(
     generation: int,
     synced_generation: int,
     job_started: bool,
+    failure_of: Callable[[dict[str, Any]], PodFailure | None] = pod_failure,
 ) -> RolloutPlan:
     """Decide the rollout fleet's changes from the observed rollout pods of the current attempt.
 
     `previous_desired` is the membership size the operator last recorded (None on the first pass);
     `job_started` is False while the gang is still being created (then nothing needs draining and a
-    missing pod is simply not created yet).
+    missing pod is simply not created yet). `failure_of` says which pods to replace (the
+    reconcile passes one that also counts pods that cannot start, once a new pod may fare better).
     """
     plan = RolloutPlan(generation=max(generation, 1))
     if previous_desired is not None and previous_desired != desired:
@@ -65,7 +68,7 @@ def plan_rollout(
             if job_started and i < members_before:
                 plan.changes.append(f"rollout replica {i} lost; replacing it")
             continue
-        failure = pod_failure(pod)
+        failure = failure_of(pod)
         if failure is not None:
             if not (pod.get("metadata") or {}).get("deletionTimestamp"):
                 plan.delete.append(pod)

@@ -3,9 +3,9 @@ and the pure helpers that compute it (conditions, the printer-column summaries).
 
 Who writes what:
 
-* the operator: phase, conditions, observedGeneration, restarts, startTime, completionTime,
-  summary, rollout.{desired, ready, selector, generation}, and autoscaling.* (the autoscaler's
-  memory: it writes that key alone, in its own patch);
+* the operator: phase, conditions, observedGeneration, restarts, countedRestarts, startTime,
+  completionTime, summary, rollout.{desired, ready, selector, generation}, and autoscaling.* (the
+  autoscaler's memory: it writes that key alone, in its own patch);
 * the controller pod: progress.* and rollout.syncedGeneration (the resharding protocol).
 
 The operator writes its keys with a JSON merge patch that never names the controller's keys, so
@@ -38,10 +38,31 @@ SCHEDULED = "Scheduled"  # every pod of the gang is bound to a node
 RUNNING = "Running"  # every pod of the gang runs
 RESTARTING = "Restarting"  # a gang restart is in progress (waiting for its backoff or old pods)
 UNSCHEDULABLE = "Unschedulable"  # pods waited longer than scheduling.timeoutSeconds
+# A pod of the current attempt failed or cannot start (image pull, container config, crash loop,
+# early exit, not Running in time): reason ImagePullFailed, PodStartFailed, ContainerFailed,
+# PodStartTimeout, ...; the message names the pod, the container and what the kubelet said.
+POD_FAILURE = "PodFailure"
+# The API server refused a child object: reason ChildRejected (HTTP 400/422, the job fails),
+# QuotaExceeded or ChildForbidden (HTTP 403, retried with backoff); the message quotes the server.
+CHILD_FAILURE = "ChildFailure"
+# The job names a Prometheus URL the operator does not allow (`autoscaler.refusal`): reason
+# URLNotAllowed; the autoscaler reads the controller pod's /metrics instead.
+PROMETHEUS_REFUSED = "PrometheusRefused"
 SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
-CONDITION_TYPES = (SCHEDULED, RUNNING, RESTARTING, UNSCHEDULABLE, SUSPENDED, SUCCEEDED, FAILED)
+CONDITION_TYPES = (
+    SCHEDULED,
+    RUNNING,
+    RESTARTING,
+    UNSCHEDULABLE,
+    POD_FAILURE,
+    CHILD_FAILURE,
+    PROMETHEUS_REFUSED,
+    SUSPENDED,
+    SUCCEEDED,
+    FAILED,
+)
 
 
 @dataclass
@@ -64,6 +85,10 @@ class ProgressStatus:
     reward: float | None = _f(None, doc="Mean reward of the last step.")
     checkpoint_step: int | None = _f(None, doc="Step of the latest complete checkpoint.")
     updated: str | None = _f(None, doc="When the controller last wrote progress (RFC 3339).")
+    eval_reward: float | None = _f(
+        None, doc="Mean reward of the last evaluation (spec.eval): greedy responses, else sampled ones."
+    )
+    eval_step: int | None = _f(None, doc="Completed training steps when the last evaluation ran.")
 
 
 @dataclass
@@ -129,6 +154,11 @@ class JobStatus:
     conditions: list[Condition] = _f([], doc="Latest observations, one per type.")
     observed_generation: int = _f(0, doc="metadata.generation the operator last acted on.")
     restarts: int = _f(0, doc="Gang restarts so far (also the restart attempt of the current pods).")
+    counted_restarts: int | None = _f(
+        None,
+        doc="Gang restarts that count against spec.failurePolicy.maxRestarts: `restarts` less those a "
+        "RestartGangNoCount rule let through (absent: all of them).",
+    )
     start_time: str | None = _f(None, doc="When every pod of the job first ran (RFC 3339).")
     completion_time: str | None = _f(None, doc="When the job Succeeded or Failed (RFC 3339).")
     progress: ProgressStatus = _f(ProgressStatus, doc="Training progress (written by the controller pod).")

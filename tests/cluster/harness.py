@@ -410,7 +410,7 @@ class Cluster(Identity):
     def _create(self, assets: Path, timeout: float, options: dict[str, Any] | None = None) -> None:
         assert self.workdir is not None and self.name is not None
         config = self.workdir / "kwokctl.yaml"
-        config.write_text(kwokctl_config(assets, options))
+        config.write_text(kwokctl_config(assets, options, pki_dir=self.cluster_dir() / "pki"))
         cmd = [
             str(assets / "kwokctl"),
             f"--name={self.name}",
@@ -434,7 +434,11 @@ class Cluster(Identity):
 
         core = kubernetes.client.CoreV1Api(self.admin())
 
+        restarts: dict[str, int] = {}
+
         def ready() -> bool:
+            if self.owned:
+                self.restart_exited_components(restarts)
             if self.request("GET", "/readyz", raw=True).strip() != "ok":
                 return False
             core.read_namespaced_service_account("default", "default")
@@ -446,6 +450,42 @@ class Cluster(Identity):
             interval=0.1,
             what="the API server to be ready with a default ServiceAccount",
         )
+
+    def restart_exited_components(self, restarts: dict[str, int], limit: int = 3) -> list[str]:
+        """Starts again, with kwokctl's own command line, a component that exited while the cluster
+        came up. kube-controller-manager gives up when the API server is not healthy within its
+        first 10 s (its RBAC bootstrap can take longer on a loaded machine); a kubelet would restart
+        it as a static pod, and so does this. Returns the restarted names; ClusterError after
+        `limit` restarts of one component."""
+        if self.workdir is None:
+            return []
+        restarted = []
+        for comp in self.saved_config().get("components") or []:
+            name = comp.get("name")
+            pid_file = self.cluster_dir() / "pids" / f"{name}.pid"
+            try:
+                pid = int(pid_file.read_text().strip())
+            except (OSError, ValueError):
+                continue
+            if _pid_alive(pid) or not comp.get("binary"):
+                continue
+            restarts[name] = restarts.get(name, 0) + 1
+            if restarts[name] > limit:
+                raise ClusterError(f"{name} exited {limit + 1} times while the cluster started")
+            log = open(self.logs_dir() / f"{name}.log", "ab")  # noqa: SIM115 (the child keeps it)
+            proc = subprocess.Popen(
+                [comp["binary"], *comp.get("args", [])],
+                cwd=comp.get("workDir") or None,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            log.close()
+            pid_file.write_text(str(proc.pid))
+            print(f"cluster {self.name}: {name} had exited; started it again", file=sys.stderr)
+            restarted.append(name)
+        return restarted
 
     def stop(self) -> None:
         """Stops every process of the cluster and removes its directory (owned clusters only). Idempotent."""
@@ -523,15 +563,19 @@ class Cluster(Identity):
 
     def ports(self) -> dict[str, int]:
         """Loopback ports the cluster's components listen on, from kwokctl's saved configuration."""
-        saved = self.cluster_dir() / "kwok.yaml"
-        for doc in yaml.safe_load_all(saved.read_text()):
-            if doc and doc.get("kind") == "KwokctlConfiguration":
-                options = doc.get("options") or {}
-                return {
-                    k: v
-                    for k, v in options.items()
-                    if k.endswith("Port") and isinstance(v, int) and not isinstance(v, bool) and v
-                }
+        options = self.saved_config().get("options") or {}
+        return {
+            k: v
+            for k, v in options.items()
+            if k.endswith("Port") and isinstance(v, int) and not isinstance(v, bool) and v
+        }
+
+    def saved_config(self) -> dict[str, Any]:
+        """The KwokctlConfiguration kwokctl saved for this cluster (options, components), or {}."""
+        with contextlib.suppress(OSError, ValueError):
+            for doc in yaml.safe_load_all((self.cluster_dir() / "kwok.yaml").read_text()):
+                if doc and doc.get("kind") == "KwokctlConfiguration":
+                    return dict(doc)
         return {}
 
     def pids(self) -> list[int]:
@@ -728,10 +772,18 @@ class Cluster(Identity):
         return wait_for(check, timeout=timeout, what=f"pod {namespace}/{name} to be {phase}")
 
 
-def kwokctl_config(assets: Path, options: dict[str, Any] | None = None) -> str:
+def kwokctl_config(assets: Path, options: dict[str, Any] | None = None, pki_dir: Path | None = None) -> str:
     """kwokctl's configuration: every binary local (nothing is downloaded), everything on loopback,
     RBAC and admission on, and the project's kwok Stages instead of kwok's defaults. `options`
-    override or add KwokctlConfiguration options (e.g. {"heartbeatFactor": 5})."""
+    override or add KwokctlConfiguration options (e.g. {"heartbeatFactor": 5}).
+
+    The control plane is also ready for a real node (tests/cluster/realnode.py) to join: kwok
+    plays only the nodes annotated as fake, the API server advertises the real node's bridge
+    address, its certificate names the `kubernetes` Service's ClusterIP, the Service range does
+    not overlap kwok's fake pod addresses, and it reaches kubelets by InternalIP with a client
+    certificate (`kubectl logs`/`exec`). `pki_dir`: where kwokctl writes the cluster's certificates."""
+    from realnode import KUBERNETES_SERVICE_IP, NODE_IP, SERVICE_CIDR
+
     versions = pinned_versions()
     options = {
         "runtime": "binary",
@@ -751,15 +803,39 @@ def kwokctl_config(assets: Path, options: dict[str, Any] | None = None) -> str:
         "kubeSchedulerBinary": str(assets / "kube-scheduler"),
         "kwokControllerBinary": str(assets / "kwok"),
         "kubectlBinary": str(assets / "kubectl"),
+        "kubeApiserverCertSANs": [KUBERNETES_SERVICE_IP, NODE_IP],
         **(options or {}),
     }
+    apiserver_args = [
+        {"key": "advertise-address", "value": NODE_IP},
+        {"key": "service-cluster-ip-range", "value": SERVICE_CIDR},
+        {"key": "kubelet-preferred-address-types", "value": "InternalIP"},
+    ]
+    if pki_dir is not None:
+        apiserver_args += [
+            {"key": "kubelet-client-certificate", "value": str(pki_dir / "admin.crt")},
+            {"key": "kubelet-client-key", "value": str(pki_dir / "admin.key")},
+        ]
     kwokctl = {
         "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
         "kind": "KwokctlConfiguration",
         "options": options,
         # kwok hands out pod IPs from --cidr; its default, a /24, runs out at 254 pods.
         "componentsPatches": [
-            {"name": "kwok-controller", "extraArgs": [{"key": "cidr", "value": "10.0.0.1/16"}]}
+            {
+                "name": "kwok-controller",
+                "extraArgs": [
+                    {"key": "cidr", "value": "10.0.0.1/16"},
+                    # A real kubelet owns the real node; kwok must leave it alone.
+                    {"key": "manage-all-nodes", "value": "false"},
+                    {"key": "manage-nodes-with-annotation-selector", "value": f"{KWOK_NODE_ANNOTATION}=fake"},
+                ],
+            },
+            {"name": "kube-apiserver", "extraArgs": apiserver_args},
+            {
+                "name": "kube-controller-manager",
+                "extraArgs": [{"key": "service-cluster-ip-range", "value": SERVICE_CIDR}],
+            },
         ],
     }
     docs: list[Any] = [kwokctl]
@@ -824,18 +900,25 @@ def destroy(workdir: Path, name: str) -> None:
                 capture_output=True,
                 timeout=60,
             )
+    terminate(pids, grace=5)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def terminate(pids: Iterable[int], grace: float = 5) -> None:
+    """SIGTERM, then after `grace` seconds SIGKILL, to those of `pids` still alive; returns when
+    they are gone (or after the second grace)."""
+    alive = list(pids)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = [p for p in pids if _pid_alive(p)]
+        alive = [p for p in alive if _pid_alive(p)]
         for pid in alive:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + grace
         while alive and time.monotonic() < deadline:
             time.sleep(0.05)
             alive = [p for p in alive if _pid_alive(p)]
         if not alive:
-            break
-    shutil.rmtree(workdir, ignore_errors=True)
+            return
 
 
 def reap_stale_clusters(root: Path | None = None) -> list[Path]:
@@ -918,3 +1001,73 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+# --------------------------------------------------------------------------------------------------
+# The claims the example manifests mount
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
+
+
+def example_claims() -> list[str]:
+    """The PersistentVolumeClaims that the shipped example manifests mount and do not define
+    themselves (the cluster tests apply those examples as they are; the scheduler keeps a pod
+    whose claim is missing Pending)."""
+
+    def walk(node: Any) -> Iterator[str]:
+        if isinstance(node, dict):
+            claim = node.get("persistentVolumeClaim")
+            if isinstance(claim, dict) and claim.get("claimName"):
+                yield str(claim["claimName"])
+            for value in node.values():
+                yield from walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from walk(value)
+
+    names: set[str] = set()
+    shipped: set[str] = set()  # claims an example file defines itself (applied with it)
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            names.update(walk(doc))
+            if isinstance(doc, dict) and doc.get("kind") == "PersistentVolumeClaim":
+                shipped.add(str(doc["metadata"]["name"]))
+    return sorted(names - shipped)
+
+
+def bind_example_claims(core: Any, namespace: str) -> list[str]:
+    """Each example claim in `namespace`, pre-bound to a PersistentVolume of its own (kwok's pods
+    never mount it); returns the volumes' names (cluster-scoped, deleted after the test)."""
+    volumes = []
+    for claim in example_claims():
+        pv = f"{namespace}-{claim}"
+        access = {"accessModes": ["ReadWriteMany"], "storageClassName": ""}
+        core.create_persistent_volume(
+            {
+                "metadata": {"name": pv},
+                "spec": {
+                    **access,
+                    "capacity": {"storage": "1Gi"},
+                    "hostPath": {"path": f"/tmp/rlhf-kwok-volumes/{pv}"},
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "claimRef": {"namespace": namespace, "name": claim},
+                },
+            }
+        )
+        volumes.append(pv)
+        core.create_namespaced_persistent_volume_claim(
+            namespace,
+            {
+                "metadata": {"name": claim},
+                "spec": {**access, "volumeName": pv, "resources": {"requests": {"storage": "1Gi"}}},
+            },
+        )
+    for claim in example_claims():
+        wait_for(
+            lambda c=claim: (
+                core.read_namespaced_persistent_volume_claim(c, namespace).status.phase == "Bound"
+            ),
+            timeout=60,
+            what=f"PersistentVolumeClaim {namespace}/{claim} Bound",
+        )
+    return volumes

@@ -28,12 +28,16 @@ OPERATOR_SA = "rlhf-operator"
 GROUP, VERSION, PLURAL = "rlhf.dev", "v1alpha1", "rltrainingjobs"
 
 
+#: The chart's CRDs (templates of the chart, see templates/crds.yaml).
+CHART_CRDS = CHART / "files" / "crds"
+
+
 def render_chart(*values: str, namespace: str = OPERATOR_NS, include_crds: bool = True) -> str:
     import subprocess
 
     cmd = [str(assets_dir() / "helm"), "template", "rlhf-operator", str(CHART), "--namespace", namespace]
-    if include_crds:
-        cmd.append("--include-crds")
+    if not include_crds:
+        cmd += ["--set", "crds.install=false"]
     for v in values:
         cmd += ["-f", str(CHART / "ci" / v)]
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -43,8 +47,8 @@ def render_chart(*values: str, namespace: str = OPERATOR_NS, include_crds: bool 
 def installed(cluster: Cluster) -> Any:
     """The chart's CRD, ServiceAccount and RBAC (no Deployment: the tests run the operator process)."""
     cluster.kubectl("create", "namespace", OPERATOR_NS, check=False)
-    # CRDs first (helm does the same with a chart's crds/), then what uses them.
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+    # CRDs first, established before what uses them.
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART_CRDS))
     jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
     for name in (f"{PLURAL}.{GROUP}", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
         wait_for(
@@ -166,7 +170,7 @@ def test_grpo_job_over_two_pools_end_to_end(
         ("serviceaccount", name),
         ("role", name),
         ("rolebinding", name),
-        ("secret", f"{name}-ray-token"),
+        ("secret", f"{name}-ray-token-{uid}"),
         ("configmap", f"{name}-spec"),
         ("service", name),
     ]:

@@ -79,7 +79,7 @@ CREATE_CASES = [
         setp("spec.nodePools", [{"name": "h100"}, {"name": "h100"}, {"name": "l4"}, {"name": "cpu"}]),
         "spec.nodePools: names must be unique",
     ),
-    ("job name too long", setp("metadata.name", "x" * 51), "metadata.name must be at most 50 characters"),
+    ("job name too long", setp("metadata.name", "x" * 51), "valid: at most 50"),
     (
         "bad reward import path",
         setp("spec.reward.functions.0.path", "not a path"),

@@ -61,6 +61,8 @@ def _real_run(tmp: Path, port: int) -> subprocess.Popen[bytes]:
     spec["roles"]["actor"]["replicas"] = 1
     spec["checkpoint"] = {"every": 0}
     spec["output"] = {"metricsPort": port, "report": False, "progress": False}
+    # An evaluation every 2 steps on a few of the training prompts (the evaluation panel's series).
+    spec["eval"] = {"path": spec["data"]["path"], "every": 2, "maxPrompts": 4}
     manifest = tmp / "real.yaml"
     manifest.write_text(yaml.safe_dump(doc))
     log = (tmp / "real.log").open("wb")

@@ -6,6 +6,7 @@ import copy
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -51,6 +52,23 @@ def test_minimal_manifest_gets_defaults():
     assert j.spec.reward.functions[0].weight == 1.0
 
 
+def test_eval_and_trackers_are_off_unless_asked_for():
+    j = S.parse_job(job())
+    assert j.spec.eval is None and j.spec.output.samples_per_step == 4
+    assert not any(
+        (j.spec.output.trackers.tensorboard, j.spec.output.trackers.wandb, j.spec.output.trackers.mlflow)
+    )
+    e = S.parse_job(job(eval={"path": "data/eval.jsonl", "maxPrompts": 64, "samples": 8})).spec.eval
+    assert (e.path, e.every, e.max_prompts, e.greedy, e.samples, e.rewards) == (
+        "data/eval.jsonl",
+        10,
+        64,
+        True,
+        8,
+        [],
+    )
+
+
 def test_camel_case_keys_map_to_fields():
     j = S.parse_job(
         job(
@@ -76,7 +94,7 @@ def test_camel_case_keys_map_to_fields():
         ({"algorithm__name": "ppo2"}, "spec.algorithm.name: unknown algorithm 'ppo2'; valid: ppo, grpo"),
         (
             {"roles__rollout": {"minReplicas": 3, "maxReplicas": 2, "replicas": 2}},
-            "minReplicas (3) must be <= maxReplicas (2)",
+            "spec.roles.rollout.minReplicas: 3 must be <= maxReplicas (2)",
         ),
         (
             {"roles__rollout": {"replicas": 5, "maxReplicas": 4}},
@@ -92,18 +110,34 @@ def test_camel_case_keys_map_to_fields():
         ),
         (
             {"roles__actor": {"resources": {"memory": "lots"}}},
-            "spec.roles.actor.resources.memory: 'lots' does not match",
+            "spec.roles.actor.resources.memory: 'lots' is not valid; valid: a Kubernetes quantity such as 8Gi",
         ),
         ({"reward": {"functions": []}}, "spec.reward: needs at least one entry in `functions` or a `model`"),
         (
             {"reward__functions": [{"path": "not an import path"}]},
-            "spec.reward.functions[0].path: 'not an import path' does not match",
+            "spec.reward.functions[0].path: 'not an import path' is not valid; valid: an import path",
         ),
         (
             {"training__miniBatchSize": 7},
             "spec.training.miniBatchSize: 7 must divide the batch of 32 responses",
         ),
-        ({"data": None}, "spec.data: must not be null"),
+        (
+            {"eval": {"path": "e.jsonl", "greedy": False}},
+            "spec.eval.samples: 0 with greedy: false evaluates nothing",
+        ),
+        ({"eval": {"every": 5}}, "spec.eval.path: required field is missing"),
+        ({"eval": {"path": "e.jsonl", "samples": -1}}, "spec.eval.samples: -1 is below the minimum 0"),
+        (
+            {"eval": {"path": "e.jsonl", "rewards": [{"path": "nope"}]}},
+            "spec.eval.rewards[0].path: 'nope' is not valid",
+        ),
+        ({"output": {"samplesPerStep": -2}}, "spec.output.samplesPerStep: -2 is below the minimum 0"),
+        (
+            {"output": {"trackers": {"tensorboard": "yes"}}},
+            "spec.output.trackers.tensorboard: 'yes' is not true or false",
+        ),
+        # As the API server: a null is dropped, so the required section is missing.
+        ({"data": None}, "spec.data: required field is missing"),
     ],
 )
 def test_bad_values_name_the_field_and_what_is_valid(overrides, expected):
@@ -173,14 +207,28 @@ def test_schema_documents_every_field_and_carries_constraints():
     assert props["training"]["properties"]["steps"]["minimum"] == 1
     assert props["training"]["properties"]["steps"]["default"] == 20
     assert set(schema["required"]) == {"model", "data", "reward"}
-    rules = [r["rule"] for r in props["model"]["properties"]["path"]["x-kubernetes-validations"]]
-    assert "self == oldSelf" in rules
-    ro = props["roles"]["properties"]["rollout"]
-    assert "x-kubernetes-validations" not in ro["properties"]["replicas"], (
-        "rollout replicas must stay mutable (/scale)"
+    # Immutability is a transition rule of the parent, so that adding or removing the field counts.
+    model_rules = {r.get("fieldPath"): r["rule"] for r in props["model"]["x-kubernetes-validations"]}
+    assert (
+        model_rules[".path"]
+        == "has(self.path) == has(oldSelf.path) && (!has(self.path) || self.path == oldSelf.path)"
     )
+    assert ".tokenizer" in model_rules
+    ro = props["roles"]["properties"]["rollout"]
+    assert not any(
+        "oldSelf" in r["rule"] and r.get("fieldPath") == ".replicas" for r in ro["x-kubernetes-validations"]
+    ), "rollout replicas must stay mutable (/scale)"
     assert any("minReplicas <= self.maxReplicas" in r["rule"] for r in ro["x-kubernetes-validations"])
-    assert props["algorithm"]["properties"]["params"]["x-kubernetes-preserve-unknown-fields"] is True
+    # Built-in params are typed (unknown keys refused); a custom algorithm's own go in customParams.
+    params = props["algorithm"]["properties"]["params"]
+    assert "x-kubernetes-preserve-unknown-fields" not in params
+    assert (
+        params["properties"]["klCoef"]["type"] == "number"
+        and params["properties"]["klCoef"]["minimum"] == 0.0
+    )
+    assert props["algorithm"]["properties"]["customParams"]["x-kubernetes-preserve-unknown-fields"] is True
+    # Every documented default is in the schema, empty lists and maps included.
+    assert props["nodePools"]["default"] == [] and props["pod"]["properties"]["labels"]["default"] == {}
 
 
 def test_spec_imports_without_torch():
@@ -211,3 +259,514 @@ def test_manifest_reference_doc_is_fresh():
     assert doc.read_text() == S.reference_markdown(), (
         "docs/manifest-reference.md is stale: run `rlhf validate --reference > docs/manifest-reference.md`"
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Pods: volumes, env, labels, pull settings, controller, devices (cluster only)
+# --------------------------------------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
+VOL = {"name": "v", "mountPath": "/data", "emptyDir": {}}
+WORK_PVC = {"name": "work", "mountPath": "/workspace", "persistentVolumeClaim": {"claimName": "rlhf-work"}}
+DNS_SUBDOMAIN = (
+    "a DNS subdomain: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+)
+OPERATOR_OWNS_ENV = (
+    "is set by the operator (the pod contract); valid: any other name (the operator's defaults HOME, "
+    "XDG_CACHE_HOME, HF_HOME, MPLCONFIGDIR, ... may be overridden)"
+)
+LABEL_KEY = (
+    "is not valid; valid: an optional DNS-subdomain prefix and '/', then a name of at most 63 letters, "
+    "digits, '-', '_' or '.', starting and ending with a letter or digit"
+)
+
+
+def test_pod_settings_default_to_nothing_and_the_controller_to_its_old_fixed_size():
+    spec = S.parse_job(job()).spec
+    assert spec.pod == S.PodSettingsSpec() and spec.roles.actor.pod == S.PodSettingsSpec()
+    assert spec.image_pull_policy is None and spec.image_pull_secrets == []
+    ctl = spec.controller
+    assert (ctl.resources.cpu, ctl.resources.memory, ctl.resources.shm) == ("1", "2Gi", "1Gi")
+    assert ctl.node_pool is None and ctl.resources.ephemeral_storage is None
+    assert spec.roles.actor.resources.devices == {} and spec.roles.actor.resources.ephemeral_storage is None
+
+
+def test_every_pod_setting_parses_and_round_trips():
+    j = S.load_manifest(EXAMPLES / "grpo-pvc.yaml")
+    spec = j.spec
+    work, models = spec.pod.volumes
+    assert work.persistent_volume_claim == S.PersistentVolumeClaimSourceSpec(claim_name="rlhf-workspace")
+    assert (models.mount_path, models.read_only, models.writable) == ("/models", True, False)
+    hf_token = spec.pod.env[0]
+    assert hf_token.value is None and hf_token.value_from.secret_key_ref == S.KeySelectorSpec(
+        "hf-token", "token", True
+    )
+    assert spec.roles.actor.resources.devices == {"rdma/hca": 1}
+    assert spec.roles.rollout.pod.volumes[0].empty_dir == S.EmptyDirSourceSpec(size_limit="20Gi")
+    assert spec.controller.node_pool == "cpu" and spec.controller.resources.ephemeral_storage == "20Gi"
+    assert spec.image_pull_secrets == [S.ImagePullSecretSpec("registry-credentials")]
+    assert [v.name for v in spec.pod_volumes("rollout")] == ["work", "models", "vllm-cache"]
+    assert [v.name for v in spec.pod_volumes("actor")] == ["work", "models"]
+    assert S.parse_spec(S.to_dict(spec)) == spec
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        # volumes
+        (
+            {"pod": {"volumes": [{"name": "v", "mountPath": "/data"}]}},
+            "spec.pod.volumes[0]: set exactly one of persistentVolumeClaim, hostPath, emptyDir, configMap, secret (got none)",
+        ),
+        (
+            {"pod": {"volumes": [{**VOL, "hostPath": {"path": "/x"}}]}},
+            "spec.pod.volumes[0]: set exactly one of persistentVolumeClaim, hostPath, emptyDir, configMap, secret "
+            "(got hostPath, emptyDir)",
+        ),
+        (
+            {"pod": {"volumes": [{**VOL, "nfs": {"server": "x"}}]}},
+            "spec.pod.volumes[0].nfs: unknown field; valid fields: name, mountPath, subPath, readOnly, "
+            "persistentVolumeClaim, hostPath, emptyDir, configMap, secret",
+        ),
+        (
+            {"pod": {"volumes": [{**VOL, "name": "tmp"}]}},
+            "spec.pod.volumes[0].name: 'tmp' is a volume the operator adds itself; valid: any other DNS label",
+        ),
+        (
+            {"pod": {"volumes": [{**VOL, "mountPath": "data"}]}},
+            "spec.pod.volumes[0].mountPath: 'data' is not valid; valid: a normalized absolute path such as /data",
+        ),
+        (
+            {"pod": {"volumes": [{**VOL, "mountPath": "/data/../etc"}]}},
+            "spec.pod.volumes[0].mountPath: '/data/../etc' is not valid; valid: a normalized absolute path such as /data",
+        ),
+        (
+            {"pod": {"volumes": [{**VOL, "mountPath": "/etc/rlhf/x"}]}},
+            "spec.pod.volumes[0].mountPath: '/etc/rlhf/x' is not valid; the operator owns /, /dev/shm and /etc/rlhf",
+        ),
+        (
+            {"pod": {"volumes": [{**VOL, "mountPath": "/"}]}},
+            "spec.pod.volumes[0].mountPath: '/' is not valid; the operator owns /, /dev/shm and /etc/rlhf",
+        ),
+        (
+            {"pod": {"volumes": [{**VOL, "subPath": "../up"}]}},
+            "spec.pod.volumes[0].subPath: '../up' is not valid; valid: a relative path without '..'",
+        ),
+        (
+            {"pod": {"volumes": [VOL, {**VOL, "mountPath": "/other"}]}},
+            "spec.pod.volumes[1].name: 'v' is already the name of spec.pod.volumes[0]",
+        ),
+        (
+            {"pod": {"volumes": [VOL, {**VOL, "name": "w"}]}},
+            "spec.pod.volumes[1].mountPath: '/data' is already the mount path of spec.pod.volumes[0]",
+        ),
+        (
+            {
+                "pod": {"volumes": [VOL]},
+                "roles": {"rollout": {"pod": {"volumes": [{**VOL, "mountPath": "/x"}]}}},
+            },
+            "spec.roles.rollout.pod.volumes[0].name: 'v' is already the name of spec.pod.volumes[0]",
+        ),
+        (
+            {"pod": {"volumes": [VOL]}, "controller": {"pod": {"volumes": [{**VOL, "name": "w"}]}}},
+            "spec.controller.pod.volumes[0].mountPath: '/data' is already the mount path of spec.pod.volumes[0]",
+        ),
+        (
+            {
+                "pod": {
+                    "volumes": [
+                        {"name": "v", "mountPath": "/m", "persistentVolumeClaim": {"claimName": "Bad_Claim"}}
+                    ]
+                }
+            },
+            f"spec.pod.volumes[0].persistentVolumeClaim.claimName: 'Bad_Claim' is not valid; valid: {DNS_SUBDOMAIN}",
+        ),
+        (
+            {"pod": {"volumes": [{"name": "v", "mountPath": "/m", "hostPath": {"path": "relative"}}]}},
+            "spec.pod.volumes[0].hostPath.path: 'relative' is not valid; valid: an absolute path",
+        ),
+        (
+            {
+                "pod": {
+                    "volumes": [{"name": "v", "mountPath": "/m", "hostPath": {"path": "/x", "type": "Dir"}}]
+                }
+            },
+            "spec.pod.volumes[0].hostPath.type: 'Dir' is not valid; valid: DirectoryOrCreate, Directory, "
+            "FileOrCreate, File, Socket, CharDevice, BlockDevice",
+        ),
+        (
+            {"pod": {"volumes": [{"name": "v", "mountPath": "/m", "emptyDir": {"medium": "Disk"}}]}},
+            "spec.pod.volumes[0].emptyDir.medium: 'Disk' is not valid; valid: Memory",
+        ),
+        (
+            {
+                "pod": {
+                    "volumes": [
+                        {
+                            "name": "v",
+                            "mountPath": "/m",
+                            "configMap": {"name": "c", "items": [{"key": "k", "path": "/abs"}]},
+                        }
+                    ]
+                }
+            },
+            "spec.pod.volumes[0].configMap.items[0].path: '/abs' is not valid; valid: a relative path without '..'",
+        ),
+        (
+            {
+                "pod": {
+                    "volumes": [
+                        {"name": "v", "mountPath": "/m", "secret": {"secretName": "s", "defaultMode": 1000}}
+                    ]
+                }
+            },
+            "spec.pod.volumes[0].secret.defaultMode: 1000 is above the maximum 511",
+        ),
+        # env
+        (
+            {"pod": {"env": [{"name": "A"}]}},
+            "spec.pod.env[0]: set exactly one of value, valueFrom (got none)",
+        ),
+        (
+            {
+                "pod": {
+                    "env": [
+                        {"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+                    ]
+                }
+            },
+            "spec.pod.env[0]: set exactly one of value, valueFrom (got value, valueFrom)",
+        ),
+        (
+            {"pod": {"env": [{"name": "A", "valueFrom": {}}]}},
+            "spec.pod.env[0].valueFrom: set exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef "
+            "(got none)",
+        ),
+        (
+            {"pod": {"env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}}]}},
+            "spec.pod.env[0].valueFrom.fieldRef.fieldPath: 'spec.containers' is not valid; valid: metadata.name, "
+            "metadata.namespace, metadata.uid, metadata.labels['KEY'], metadata.annotations['KEY'], spec.nodeName, "
+            "spec.serviceAccountName, status.hostIP, status.hostIPs, status.podIP, status.podIPs",
+        ),
+        (
+            {"pod": {"env": [{"name": "A", "valueFrom": {"resourceFieldRef": {"resource": "limits.gpu"}}}]}},
+            "spec.pod.env[0].valueFrom.resourceFieldRef.resource: 'limits.gpu' is not valid; valid: requests.cpu, "
+            "requests.memory, requests.ephemeral-storage, limits.cpu, limits.memory, limits.ephemeral-storage",
+        ),
+        (
+            {"pod": {"env": [{"name": "1A", "value": "x"}]}},
+            "spec.pod.env[0].name: '1A' is not valid; valid: letters, digits, '_', '-' and '.', not starting with a digit",
+        ),
+        (
+            {"pod": {"env": [{"name": "RLHF_ROLE", "value": "x"}]}},
+            f"spec.pod.env[0].name: 'RLHF_ROLE' {OPERATOR_OWNS_ENV}",
+        ),
+        (
+            {"roles": {"actor": {"pod": {"env": [{"name": "RAY_AUTH_TOKEN", "value": "x"}]}}}},
+            f"spec.roles.actor.pod.env[0].name: 'RAY_AUTH_TOKEN' {OPERATOR_OWNS_ENV}",
+        ),
+        (
+            {"pod": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}},
+            "spec.pod.env[1].name: 'A' is defined twice",
+        ),
+        ({"pod": {"env": [{"name": "A", "value": 1}]}}, "spec.pod.env[0].value: 1 is not a string"),
+        # labels and annotations
+        (
+            {"pod": {"labels": {"rlhf.dev/role": "x"}}},
+            "spec.pod.labels: key 'rlhf.dev/role' is in the rlhf.dev/ namespace, which the operator owns; use another prefix",
+        ),
+        (
+            {"roles": {"reward": {"pod": {"annotations": {"x.rlhf.dev/a": "x"}}}}},
+            "spec.roles.reward.pod.annotations: key 'x.rlhf.dev/a' is in the rlhf.dev/ namespace, which the operator "
+            "owns; use another prefix",
+        ),
+        (
+            {"pod": {"labels": {"kueue.x-k8s.io/queue-name": "q"}}},
+            "spec.pod.labels: key 'kueue.x-k8s.io/queue-name' is set by the operator (from spec.scheduling or for "
+            "every child); remove it",
+        ),
+        (
+            {"controller": {"pod": {"annotations": {"scheduling.k8s.io/group-name": "g"}}}},
+            "spec.controller.pod.annotations: key 'scheduling.k8s.io/group-name' is set by the operator (from "
+            "spec.scheduling or for every child); remove it",
+        ),
+        ({"pod": {"labels": {"bad key!": "x"}}}, f"spec.pod.labels: key 'bad key!' {LABEL_KEY}"),
+        (
+            {"pod": {"labels": {"team": "not valid"}}},
+            "spec.pod.labels.team: 'not valid' is not a valid label value; valid: at most 63 letters, digits, '-', "
+            "'_' or '.', starting and ending with a letter or digit (or empty)",
+        ),
+        (
+            {"pod": {"unknown": 1}},
+            "spec.pod.unknown: unknown field; valid fields: env, labels, annotations, volumes",
+        ),
+        # resources, devices, controller, image
+        (
+            {"roles": {"actor": {"resources": {"devices": {"rdma/hca": 0}}}}},
+            "spec.roles.actor.resources.devices.rdma/hca: 0 is below the minimum 1",
+        ),
+        (
+            {"roles": {"actor": {"resources": {"devices": {"nvidia.com/gpu": 1}}}}},
+            "spec.roles.actor.resources.devices: 'nvidia.com/gpu' is set by `gpus`; use spec.roles.actor.resources.gpus",
+        ),
+        (
+            {"roles": {"rollout": {"resources": {"devices": {"memory": 1}}}}},
+            "spec.roles.rollout.resources.devices: 'memory' is not an extended resource name; valid: domain/name "
+            "outside kubernetes.io, e.g. rdma/hca or vpc.amazonaws.com/efa",
+        ),
+        (
+            {"roles": {"actor": {"resources": {"devices": {"example.kubernetes.io/x": 1}}}}},
+            "spec.roles.actor.resources.devices: 'example.kubernetes.io/x' is not an extended resource name; valid: "
+            "domain/name outside kubernetes.io, e.g. rdma/hca or vpc.amazonaws.com/efa",
+        ),
+        (
+            {"roles": {"actor": {"resources": {"devices": {"rdma/hca": "one"}}}}},
+            "spec.roles.actor.resources.devices.rdma/hca: 'one' is not an integer",
+        ),
+        (
+            {"roles": {"rollout": {"resources": {"ephemeralStorage": "big"}}}},
+            "spec.roles.rollout.resources.ephemeralStorage: 'big' is not valid; valid: a Kubernetes quantity",
+        ),
+        (
+            {"controller": {"nodePool": "cpu"}},
+            "spec.controller.nodePool: 'cpu' is not a name in spec.nodePools (defined: none defined)",
+        ),
+        (
+            {"controller": {"resources": {"gpus": 1}}},
+            "spec.controller.resources.gpus: unknown field; valid fields: cpu, memory, shm, ephemeralStorage",
+        ),
+        (
+            {"imagePullPolicy": "Sometimes"},
+            "spec.imagePullPolicy: 'Sometimes' is not valid; valid: Always, IfNotPresent, Never",
+        ),
+        ({"imagePullSecrets": ["regcred"]}, "spec.imagePullSecrets[0]: expected a mapping, got 'regcred'"),
+        (
+            {"imagePullSecrets": [{"name": "Reg_Cred"}]},
+            f"spec.imagePullSecrets[0].name: 'Reg_Cred' is not valid; valid: {DNS_SUBDOMAIN}",
+        ),
+    ],
+)
+def test_bad_pod_settings_name_the_field_the_value_and_what_is_valid(overrides, expected):
+    doc = job()
+    doc["spec"].update(overrides)
+    errs = errors_of(doc)
+    if "is not valid; valid: a Kubernetes quantity" in expected:
+        assert any(e.startswith(expected) for e in errs), errs
+    else:
+        assert expected in errs, errs
+
+
+def _storage(**spec_updates):
+    doc = job()
+    doc["spec"].update(spec_updates)
+    j = S.parse_job(doc)
+    return S.cluster_storage_findings(j.spec, j.metadata_name)
+
+
+CKPT_FIX = (
+    "mount a volume at or above {where} in spec.pod.volumes (a persistentVolumeClaim with access mode "
+    "ReadWriteMany, so that they all see it)"
+)
+# (case, spec updates, errors, warnings); GRPO defaults: controller, actor, critic, reference, reward pods.
+STORAGE = [
+    (
+        "a shared PVC at the working directory: relative run and checkpoint dirs are on it",
+        {"pod": {"volumes": [WORK_PVC]}},
+        [],
+        [],
+    ),
+    (
+        "no volumes: checkpoints on each pod's own workspace emptyDir (models/tiny may be a hub id: not checked)",
+        {},
+        [
+            "spec.checkpoint.dir: '<output.dir>/checkpoints' (/workspace/runs/demo/checkpoints in the pods) is on "
+            "the emptyDir 'workspace' of the controller pod, actor pod and critic pod: every pod has its own, so "
+            "the files one of them writes there are invisible to the others; "
+            + CKPT_FIX.format(where="/workspace/runs/demo/checkpoints")
+        ],
+        [
+            "spec.output.dir: 'runs/demo' (/workspace/runs/demo in the pods) is on the emptyDir 'workspace' of the "
+            "controller pod: it is lost when the pod is replaced (a gang restart); mount a volume at or above "
+            "/workspace/runs/demo in spec.pod.volumes to keep it",
+            "spec.data.path: 'data/prompts.jsonl' (/workspace/data/prompts.jsonl in the pods) is on the emptyDir "
+            "'workspace' of the controller pod, which starts empty; put it on a volume (spec.pod.volumes) or in "
+            "the image",
+        ],
+    ),
+    (
+        "an absolute checkpoint dir on no volume: the read-only root filesystem",
+        {
+            "pod": {"volumes": [WORK_PVC]},
+            "checkpoint": {"dir": "/checkpoints/demo"},
+            "roles": {"critic": {"replicas": 0}, "actor": {"replicas": 2}},
+        },
+        [
+            "spec.checkpoint.dir: '/checkpoints/demo' is on the read-only root filesystem of the controller pod "
+            "and actor pods; " + CKPT_FIX.format(where="/checkpoints/demo")
+        ],
+        [],
+    ),
+    (
+        "the checkpoint volume mounted in the actor pods only",
+        {
+            "checkpoint": {"dir": "/ckpt"},
+            "output": {"dir": "/tmp/runs/{name}"},
+            "roles": {
+                "critic": {"replicas": 0},
+                "actor": {
+                    "pod": {
+                        "volumes": [
+                            {"name": "c", "mountPath": "/ckpt", "persistentVolumeClaim": {"claimName": "c"}}
+                        ]
+                    }
+                },
+            },
+            "model": {"path": "/models/m"},
+            "data": {"path": "/data/p.jsonl"},
+        },
+        [
+            "spec.checkpoint.dir: '/ckpt' is on the read-only root filesystem of the controller pod; "
+            + CKPT_FIX.format(where="/ckpt")
+        ],
+        [
+            "spec.output.dir: '/tmp/runs/demo' is on the emptyDir 'tmp' of the controller pod: it is lost when the "
+            "pod is replaced (a gang restart); mount a volume at or above /tmp/runs/demo in spec.pod.volumes to keep it"
+        ],
+    ),
+    (
+        "different claims at the same path",
+        {
+            "checkpoint": {"dir": "/ckpt/demo"},
+            "pod": {"volumes": [WORK_PVC]},
+            "controller": {
+                "pod": {
+                    "volumes": [
+                        {"name": "c", "mountPath": "/ckpt", "persistentVolumeClaim": {"claimName": "a"}}
+                    ]
+                }
+            },
+            "roles": {
+                "critic": {"replicas": 0},
+                "actor": {
+                    "pod": {
+                        "volumes": [
+                            {"name": "c", "mountPath": "/ckpt", "persistentVolumeClaim": {"claimName": "b"}}
+                        ]
+                    }
+                },
+            },
+        },
+        [
+            "spec.checkpoint.dir: '/ckpt/demo' is on different volumes in the controller pod and actor pod "
+            "(controller: volume 'c' (persistentVolumeClaim); actor: volume 'c' (persistentVolumeClaim)); mount the "
+            "same volume there in all of them (spec.pod.volumes)"
+        ],
+        [],
+    ),
+    (
+        "a read-only claim",
+        {"pod": {"volumes": [{**WORK_PVC, "readOnly": True}]}},
+        [
+            "spec.output.dir: 'runs/demo' (/workspace/runs/demo in the pods) is on the read-only volume 'work' "
+            "(persistentVolumeClaim) of the controller pod; mount a volume at or above /workspace/runs/demo in "
+            "spec.pod.volumes",
+            "spec.checkpoint.dir: '<output.dir>/checkpoints' (/workspace/runs/demo/checkpoints in the pods) is on "
+            "the read-only volume 'work' (persistentVolumeClaim) of the controller pod, actor pod and critic pod; "
+            + CKPT_FIX.format(where="/workspace/runs/demo/checkpoints"),
+        ],
+        [],
+    ),
+    (
+        "a hostPath: shared only on one node (a warning, not an error)",
+        {
+            "pod": {
+                "volumes": [{"name": "work", "mountPath": "/workspace", "hostPath": {"path": "/srv/rlhf"}}]
+            }
+        },
+        [],
+        [
+            "spec.output.dir: 'runs/demo' (/workspace/runs/demo in the pods) is on the hostPath volume 'work': the "
+            "controller pod finds them again after a restart only on the same node; a persistentVolumeClaim "
+            "(ReadWriteMany) does not depend on that",
+            "spec.checkpoint.dir: '<output.dir>/checkpoints' (/workspace/runs/demo/checkpoints in the pods) is on the "
+            "hostPath volume 'work': the controller pod, actor pod and critic pod see the same files only while they "
+            "run on the same node; a persistentVolumeClaim (ReadWriteMany) does not depend on that",
+        ],
+    ),
+    (
+        "the model on a volume some readers lack; a hub id is not checked",
+        {
+            "pod": {"volumes": [WORK_PVC]},
+            "roles": {
+                "actor": {
+                    "pod": {
+                        "volumes": [
+                            {"name": "m", "mountPath": "/models", "persistentVolumeClaim": {"claimName": "m"}}
+                        ]
+                    }
+                }
+            },
+            "model": {"path": "/models/tiny", "tokenizer": "Qwen/Qwen2.5-0.5B"},
+        },
+        [],
+        [
+            "spec.model.path: '/models/tiny' is on a volume in some pods but on the image's filesystem in the "
+            "controller pod, critic pod and reference pod, which read it too; mount the volume there as well "
+            "(spec.pod.volumes)"
+        ],
+    ),
+    (
+        "the evaluation's prompts where the controller pod starts with an empty directory",
+        {
+            "pod": {"volumes": [WORK_PVC]},
+            "eval": {"path": "/scratch/eval.jsonl"},
+            "controller": {"pod": {"volumes": [{"name": "s", "mountPath": "/scratch", "emptyDir": {}}]}},
+        },
+        [],
+        [
+            "spec.eval.path: '/scratch/eval.jsonl' is on the emptyDir 's' of the controller pod, which starts "
+            "empty; put it on a volume (spec.pod.volumes) or in the image"
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize("case,updates,errors,warnings", STORAGE, ids=[c[0] for c in STORAGE])
+def test_cluster_storage_findings(case, updates, errors, warnings):
+    found = _storage(**updates)
+    assert found.errors == errors
+    assert found.warnings == warnings
+
+
+def test_pod_paths_resolve_against_the_working_directory_and_home():
+    assert S.pod_path("runs/demo") == "/workspace/runs/demo"
+    assert S.pod_path("./data/../p.jsonl") == "/workspace/p.jsonl"
+    assert S.pod_path("/abs/x") == "/abs/x"
+    assert S.pod_path("~/.cache/m") == "/tmp/home/.cache/m"
+
+
+def test_every_example_manifest_is_valid_and_the_pvc_example_is_valid_on_a_cluster():
+    names = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
+    assert "grpo-pvc.yaml" in names
+    for name in names:
+        S.load_manifest(EXAMPLES / name)
+    j = S.load_manifest(EXAMPLES / "grpo-pvc.yaml")
+    assert S.cluster_storage_findings(j.spec, j.metadata_name) == S.StorageFindings([], [])
+
+
+def test_cli_validate_cluster(tmp_path):
+    cmd = [sys.executable, "-m", "rlhf_trainer.cli", "validate", "--cluster"]
+    ok = subprocess.run([*cmd, str(EXAMPLES / "grpo-pvc.yaml")], capture_output=True, text=True)
+    assert ok.returncode == 0 and "valid (grpo-pvc, algorithm grpo)" in ok.stdout, ok.stderr
+    # The GPU example without its volumes: the checkpoints would land on the read-only root.
+    doc = yaml.safe_load((EXAMPLES / "grpo-h100.yaml").read_text())
+    del doc["spec"]["pod"], doc["spec"]["output"]
+    bare = tmp_path / "grpo-h100.yaml"
+    bare.write_text(yaml.safe_dump(doc))
+    res = subprocess.run([*cmd, str(bare)], capture_output=True, text=True)
+    assert res.returncode == 1
+    assert "grpo-h100.yaml: invalid on a cluster" in res.stderr
+    assert "spec.checkpoint.dir: '/checkpoints/grpo-h100' is on the read-only root filesystem" in res.stderr
+    assert "warning: spec.output.dir: 'runs/grpo-h100'" in res.stderr
+    local = subprocess.run(cmd[:-1] + [str(bare)], capture_output=True, text=True)
+    assert local.returncode == 0 and not local.stderr  # without --cluster: the schema checks only

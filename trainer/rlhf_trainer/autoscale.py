@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import json
 import math
+import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Sequence
@@ -293,11 +295,68 @@ class Autoscaler:
 
 
 class MetricError(RuntimeError):
-    """The metric endpoint could not be read."""
+    """The metric endpoint could not be read. The message never quotes the endpoint's answer (it
+    lands in the job's status and Events, and the URL may point anywhere the job's author likes)."""
 
 
 class MetricSource(Protocol):
     def read(self) -> float | None: ...
+
+
+#: The most bytes of a Prometheus query answer read (one aggregated series needs a few hundred).
+MAX_QUERY_ANSWER_BYTES = 1 << 20
+#: The most bytes of a scraped exposition read (the controller's /metrics is tens of KiB).
+MAX_SCRAPE_BYTES = 4 << 20
+_CHUNK = 64 << 10
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A 3xx is an answer like any other non-200: the read fails (no request leaves for the
+    Location, which could aim the operator's pod at another address)."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects())
+
+
+def fetch(url: str, timeout: float, max_bytes: int) -> bytes:
+    """GET `url` (http or https only) with every cost bounded: no redirects followed, at most
+    `timeout` seconds for the connection and for the whole body, at most `max_bytes` read (the
+    rest is never received). Any failure is a MetricError that names the URL and the limit, never
+    the answer's content."""
+    scheme = urllib.parse.urlsplit(url).scheme
+    if scheme not in ("http", "https"):
+        raise MetricError(f"{url}: scheme {scheme!r} is not allowed (use http or https)")
+    deadline = time.monotonic() + timeout
+    try:
+        with _OPENER.open(urllib.request.Request(url, headers={"Accept": "*/*"}), timeout=timeout) as resp:
+            length = resp.headers.get("Content-Length")
+            if length is not None and length.isdigit() and int(length) > max_bytes:
+                raise MetricError(f"{url}: answer of {int(length)} bytes exceeds the {max_bytes}-byte limit")
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                if time.monotonic() > deadline:
+                    raise MetricError(f"{url}: no complete answer within {timeout:g} s")
+                chunk = resp.read1(_CHUNK)
+                if not chunk:
+                    return b"".join(chunks)
+                size += len(chunk)
+                if size > max_bytes:
+                    raise MetricError(f"{url}: answer exceeds the {max_bytes}-byte limit")
+                chunks.append(chunk)
+    except urllib.error.HTTPError as e:  # its text is the server's reason phrase: not quoted
+        note = " (redirects are not followed)" if 300 <= e.code < 400 else ""
+        raise MetricError(f"{url}: answered HTTP {e.code}{note}") from None
+    except TimeoutError:
+        raise MetricError(f"{url}: no answer within {timeout:g} s") from None
+    except urllib.error.URLError as e:  # a local cause: refused, unresolvable, TLS
+        reason = "timed out" if isinstance(e.reason, TimeoutError) else type(e.reason).__name__
+        raise MetricError(f"{url}: cannot connect ({reason})") from None
+    except (OSError, ValueError) as e:  # reset mid-body, malformed status line or headers
+        raise MetricError(f"{url}: read failed ({type(e).__name__})") from None
 
 
 def default_query(metric: str, job: str, namespace: str) -> str:
@@ -323,6 +382,7 @@ class PrometheusSource:
     url: str
     query: str
     timeout: float = 5.0
+    max_bytes: int = MAX_QUERY_ANSWER_BYTES
 
     @classmethod
     def for_job(
@@ -335,29 +395,41 @@ class PrometheusSource:
     def read(self) -> float | None:
         endpoint = self.url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": self.query})
         try:
-            with urllib.request.urlopen(endpoint, timeout=self.timeout) as resp:
-                body = json.load(resp)
-        except (OSError, ValueError) as e:
-            raise MetricError(f"Prometheus query {self.query!r} at {self.url} failed: {e}") from e
-        return parse_query_response(body, self.query)
+            body = json.loads(fetch(endpoint, self.timeout, self.max_bytes))
+        except MetricError as e:
+            raise MetricError(f"Prometheus query {self.query!r} failed: {e}") from None
+        except ValueError:
+            raise MetricError(
+                f"Prometheus query {self.query!r} at {self.url}: the answer is not JSON"
+            ) from None
+        try:
+            return parse_query_response(body, self.query)
+        except MetricError as e:
+            raise MetricError(f"{e} (Prometheus at {self.url})") from None
 
 
 def parse_query_response(body: object, query: str = "") -> float | None:
-    """The value of a `/api/v1/query` JSON answer (see `PrometheusSource`)."""
+    """The value of a `/api/v1/query` JSON answer (see `PrometheusSource`). Errors describe the
+    answer's shape, never its text (see MetricError)."""
     if not isinstance(body, dict) or body.get("status") != "success":
-        raise MetricError(f"Prometheus query {query!r} failed: {body!r:.300}")
-    data: dict[str, Any] = body.get("data") or {}
+        raise MetricError(f'Prometheus query {query!r} failed: the answer\'s status is not "success"')
+    data = body.get("data")
+    data = data if isinstance(data, dict) else {}
     kind, result = data.get("resultType"), data.get("result") or []
-    if kind == "scalar":
-        return float(result[1])
-    if kind == "vector":
-        if not result:
-            return None
-        if len(result) > 1:
-            labels = [r.get("metric") for r in result]
-            raise MetricError(f"query {query!r} returned {len(result)} series {labels}; aggregate it to one")
-        return float(result[0]["value"][1])
-    raise MetricError(f"query {query!r} returned a {kind}; need a scalar or a one-element vector")
+    try:
+        if kind == "scalar":
+            return float(result[1])
+        if kind == "vector":
+            if not result:
+                return None
+            if len(result) > 1:
+                raise MetricError(f"query {query!r} returned {len(result)} series; aggregate it to one")
+            return float(result[0]["value"][1])
+    except (TypeError, ValueError, KeyError, IndexError):
+        raise MetricError(f"query {query!r}: the answer's value is not a number") from None
+    raise MetricError(
+        f"query {query!r} returned neither a scalar nor a vector; need a scalar or a one-element vector"
+    )
 
 
 @dataclass
@@ -371,6 +443,7 @@ class ScrapeSource:
     combine: Literal["sum", "max"] = "max"
     labels: dict[str, str] = field(default_factory=dict)
     timeout: float = 5.0
+    max_bytes: int = MAX_SCRAPE_BYTES
 
     @classmethod
     def for_metric(cls, url: str, metric: str, timeout: float = 5.0) -> ScrapeSource:
@@ -379,10 +452,11 @@ class ScrapeSource:
 
     def read(self) -> float | None:
         try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout) as resp:
-                text = resp.read().decode("utf-8")
-        except (OSError, ValueError) as e:
-            raise MetricError(f"scraping {self.url} failed: {e}") from e
+            text = fetch(self.url, self.timeout, self.max_bytes).decode("utf-8")
+        except MetricError as e:
+            raise MetricError(f"scraping failed: {e}") from None
+        except UnicodeDecodeError:
+            raise MetricError(f"scraping {self.url} failed: the answer is not UTF-8 text") from None
         return parse_exposition(text, self.series, self.combine, self.labels)
 
 
@@ -400,8 +474,8 @@ def parse_exposition(
                 matches = s.name == series and all(s.labels.get(k) == v for k, v in want.items())
                 if matches and math.isfinite(s.value):
                     values.append(float(s.value))
-    except ValueError as e:
-        raise MetricError(f"invalid exposition text: {e}") from e
+    except ValueError:  # the parser's message quotes the offending line
+        raise MetricError("invalid exposition text") from None
     if not values:
         return None
     return sum(values) if combine == "sum" else max(values)

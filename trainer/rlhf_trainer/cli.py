@@ -17,11 +17,12 @@ examples:
   rlhf crd > crds/rlhf.dev_rltrainingjobs.yaml     regenerate the CRD from the spec
   rlhf operator                                    run the Kubernetes operator
   rlhf report runs/quickstart                      rebuild a run's HTML report
+  rlhf export runs/quickstart/checkpoints out/     a checkpoint's policy as a Hugging Face model
 """
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from rlhf_trainer.spec import SpecError, load_manifest, reference_markdown
+    from rlhf_trainer.spec import SpecError, cluster_storage_findings, load_manifest, reference_markdown
 
     if args.reference:
         sys.stdout.write(reference_markdown())
@@ -32,11 +33,20 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     status = 0
     for path in args.manifests:
         try:
-            job = load_manifest(path)
+            job = load_manifest(path, old=args.old)
         except SpecError as err:
             print(f"{path}: invalid\n{err}", file=sys.stderr)
             status = 1
         else:
+            if args.cluster:
+                found = cluster_storage_findings(job.spec, job.metadata_name)
+                for line in found.warnings:
+                    print(f"{path}: warning: {line}", file=sys.stderr)
+                if found.errors:
+                    lines = "\n".join(f"  - {e}" for e in found.errors)
+                    print(f"{path}: invalid on a cluster\n{lines}", file=sys.stderr)
+                    status = 1
+                    continue
             print(f"{path}: valid ({job.metadata_name}, algorithm {job.spec.algorithm.name})")
     return status
 
@@ -60,6 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the Markdown reference of every manifest field and exit",
     )
+    p.add_argument(
+        "--old",
+        metavar="MANIFEST",
+        help="check each MANIFEST as an update of this one (the job as it exists): immutable fields may not "
+        "change, appear or disappear, as the API server enforces",
+    )
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also check what a cluster needs: the run and checkpoint directories on volumes the pods "
+        "writing them share (errors), the model and prompts where the pods reading them see them (warnings)",
+    )
     p.set_defaults(func=_cmd_validate)
 
     _register_optional(sub)
@@ -70,7 +92,10 @@ def _register_optional(sub: argparse._SubParsersAction) -> None:  # type: ignore
     """Subcommands whose argument definitions live beside their implementation."""
     import importlib
 
-    for module in ("rlhf_trainer.run_cli", "rlhf_operator.cli"):
+    from rlhf_trainer import worker_cli
+
+    worker_cli.add_subcommands(sub)
+    for module in ("rlhf_trainer.run_cli", "rlhf_trainer.export", "rlhf_operator.cli"):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as err:

@@ -36,6 +36,9 @@ class PromptItem:
     """Token ids of `text` (special tokens as the tokenizer adds them)."""
     columns: dict[str, Any] = field(default_factory=dict)
     """Every other column of the row (passed to reward functions)."""
+    messages: list[dict[str, Any]] | None = None
+    """With `data.chatTemplate`: the prompt as chat messages, before the policy's template (the
+    reward model renders them with its own). None: the prompt is plain text."""
 
 
 def _detect_format(path: Path, fmt: str) -> str:
@@ -154,7 +157,7 @@ class PromptDataset:
                 raise DataError(
                     f"data file {data_spec.path!r}, row {i}: prompt column {field_name!r} is missing"
                 )
-            text = self._render(row[field_name], i)
+            text, messages = self._render(row[field_name], i)
             ids = list(tokenizer(text, add_special_tokens=not data_spec.chat_template).input_ids)
             if len(ids) > data_spec.max_prompt_length:
                 msg = (
@@ -168,7 +171,7 @@ class PromptDataset:
                 self.skipped_indices.append(i)
                 continue
             columns = {k: v for k, v in row.items() if k != field_name}
-            self.items.append(PromptItem(index=i, text=text, ids=ids, columns=columns))
+            self.items.append(PromptItem(index=i, text=text, ids=ids, columns=columns, messages=messages))
         if not self.items:
             raise DataError(
                 f"data file {data_spec.path!r}: all {len(rows)} prompts are longer than "
@@ -180,7 +183,8 @@ class PromptDataset:
         """Prompts served so far, over all epochs (restored by `load_state_dict`)."""
         self._order = self._epoch_order(0)
 
-    def _render(self, value: Any, i: int) -> str:
+    def _render(self, value: Any, i: int) -> tuple[str, list[dict[str, Any]] | None]:
+        """The prompt as the policy sees it, and its chat messages (with `chatTemplate`)."""
         if self.spec.chat_template:
             messages = [{"role": "user", "content": value}] if isinstance(value, str) else value
             if not isinstance(messages, list) or not all(
@@ -192,15 +196,16 @@ class PromptDataset:
                 )
             if getattr(self.tokenizer, "chat_template", None) is None:
                 raise DataError("data.chatTemplate is true but the tokenizer has no chat template")
-            return str(
-                self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            rendered = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
             )
+            return str(rendered), [dict(m) for m in messages]
         if not isinstance(value, str):
             raise DataError(
                 f"data file {self.spec.path!r}, row {i}: prompt is a {type(value).__name__}, expected a string "
                 "(set data.chatTemplate: true for lists of chat messages)"
             )
-        return value
+        return value, None
 
     def __len__(self) -> int:
         return len(self.items)

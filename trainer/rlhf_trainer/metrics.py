@@ -56,6 +56,11 @@ SERIES: dict[str, tuple[str, tuple[str, ...]]] = {
         ("policy_version", "actor/policy_version"),
     ),
     "total_steps": ("Steps this run will train.", ("total_steps",)),
+    "eval_reward_mean": (
+        "Mean reward of the last evaluation (spec.eval): its greedy responses, else its sampled ones.",
+        ("eval/reward_mean",),
+    ),
+    "eval_step": ("Training steps done when the last evaluation ran.", ("eval/step",)),
     "rollout_replicas": ("Rollout engines currently serving.", ("rollout/replicas",)),
     "queue_depth": ("Prompts queued for rollout.", ("rollout/queue_depth",)),
     "weight_sync_seconds": (
@@ -69,15 +74,18 @@ PROMPTS_CONSUMED_KEY = "data/prompts_consumed"
 REWARD_ERRORS_KEY = "reward/errors"
 #: Keys `timing/<phase>` feed `rlhf_step_seconds{phase="<phase>"}`.
 TIMING_PREFIX = "timing/"
+#: Timings that are not part of the training throughput (`step_rates`).
+UNRATED_TIMINGS = ("timing/step", "timing/eval")
 STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
 def step_rates(metrics: Mapping[str, float]) -> dict[str, float]:
-    """Rates of a step from its `timing/*` phases recorded so far (`timing/step` excluded):
-    samples/s, tokens/s and the fraction of time spent waiting for rollouts. The controller logs
-    them over the whole step; the local autoscaler reads them at the step boundary, before the
-    weight sync is timed. Empty while nothing is timed."""
-    seconds = sum(v for k, v in metrics.items() if k.startswith("timing/") and k != "timing/step")
+    """Rates of a step from its `timing/*` phases recorded so far (`timing/step` and the
+    evaluation's `timing/eval` excluded: they measure training): samples/s, tokens/s and the
+    fraction of time spent waiting for rollouts. The controller logs them over the whole step;
+    the local autoscaler reads them at the step boundary, before the weight sync is timed. Empty
+    while nothing is timed."""
+    seconds = sum(v for k, v in metrics.items() if k.startswith("timing/") and k not in UNRATED_TIMINGS)
     if seconds <= 0:
         return {}
     return {
@@ -110,7 +118,7 @@ class StepMetrics:
         self.step = Gauge(PREFIX + "step", "Last completed training step.", registry=self.registry)
         self.step_seconds = Histogram(
             PREFIX + "step_seconds",
-            "Seconds per step phase (rollout, reward, reference, critic, advantage, update, weight_sync, log, step).",
+            "Seconds per step phase (rollout, reward, reference, critic, advantage, update, weight_sync, eval, step).",
             ["phase"],
             buckets=STEP_BUCKETS,
             registry=self.registry,

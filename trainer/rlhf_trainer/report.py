@@ -9,10 +9,13 @@
   (`reward/scores`, a list) or a histogram (`reward/hist`: `{"counts": [...], "edges": [...]}`);
 * `timing.png`: seconds per phase per step, stacked (`timing/<phase>`; `timing/step` is the total
   and is not stacked);
+* `eval.png`: the evaluation's mean rewards at the steps it ran (`eval/greedy/reward_mean`,
+  `eval/sampled/reward_mean`, `eval/sampled/best_of_n`; `spec.eval`);
 
 and `report.html`, a self-contained page (images inlined) with a summary table: steps, first
-and last mean reward, mean tokens/s and samples/s. Plots whose metrics were never logged are
-left out. `rlhf report RUN_DIR` calls this.
+and last mean reward, the first and last evaluation, mean tokens/s and samples/s; then the
+samples of the last step and of the last evaluation from `samples.jsonl` (prompt, response,
+reward). Plots whose metrics were never logged are left out. `rlhf report RUN_DIR` calls this.
 """
 
 from __future__ import annotations
@@ -26,6 +29,14 @@ from typing import Any
 from rlhf_trainer.metrics import SERIES, read_jsonl
 
 TOTAL_PHASE = "step"
+#: The evaluation's curves: metric key -> label.
+EVAL_CURVES = {
+    "eval/greedy/reward_mean": "greedy",
+    "eval/sampled/reward_mean": "sampled (mean)",
+    "eval/sampled/best_of_n": "sampled (best of n)",
+}
+#: Characters of a prompt or response shown in the report's sample table.
+SAMPLE_CHARS = 400
 
 
 def _series(
@@ -152,10 +163,37 @@ def write_report(run_dir: str | Path) -> Path:
         ax.grid(alpha=0.3)
         save(fig, "timing.png", "Time per phase")
 
+    curves = [(label, *_series(records, (key,))[:2]) for key, label in EVAL_CURVES.items()]
+    if any(ex for _, ex, _ in curves):
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        for label, ex, ey in curves:
+            if ex:
+                ax.plot(ex, ey, marker="o", label=label)
+        ax.set_xlabel("step")
+        ax.set_ylabel("eval reward")
+        ax.legend(loc="best")
+        ax.grid(alpha=0.3)
+        save(fig, "eval.png", "Evaluation reward")
+
     summary = _summary(records)
+    samples = _last_samples(run / "samples.jsonl")
     out = run / "report.html"
-    out.write_text(_html(run, summary, plots), encoding="utf-8")
+    out.write_text(_html(run, summary, plots, samples), encoding="utf-8")
     return out
+
+
+def _last_samples(path: Path) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(title, rows) of the last step's training samples and of the last evaluation's samples
+    of each mode, from the sample log (none when there is no log)."""
+    if not path.is_file():
+        return []
+    last: dict[str, tuple[Any, list[dict[str, Any]]]] = {}
+    for row in read_jsonl(path):
+        split, step = str(row.get("split", "train")), row.get("step")
+        if split not in last or last[split][0] != step:
+            last[split] = (step, [])
+        last[split][1].append(row)
+    return [(f"{split} samples, step {step}", rows) for split, (step, rows) in last.items()]
 
 
 def _num(v: Any) -> float:
@@ -187,12 +225,20 @@ def _summary(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
     _, sps, _ = _series(records, SERIES["samples_per_second"][1])
     _, step_s, _ = _series(records, (f"timing/{TOTAL_PHASE}",))
     last_step = records[-1].get("step", len(records) - 1)
+    ex, ev, _ = _series(records, ("eval/reward_mean",))
     rows = [
         ("steps logged", str(len(records))),
         ("last step", str(last_step)),
         ("first mean reward", _fmt(mean[0] if mean else None)),
         ("last mean reward", _fmt(mean[-1] if mean else None)),
         ("best mean reward", _fmt(max(mean) if mean else None)),
+    ]
+    if ev:
+        rows += [
+            (f"first eval reward (step {ex[0]:g})", _fmt(ev[0])),
+            (f"last eval reward (step {ex[-1]:g})", _fmt(ev[-1])),
+        ]
+    rows += [
         ("mean tokens/s", _fmt(_mean(tps))),
         ("mean samples/s", _fmt(_mean(sps))),
         ("mean seconds/step", _fmt(_mean(step_s))),
@@ -200,7 +246,33 @@ def _summary(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return rows
 
 
-def _html(run: Path, summary: list[tuple[str, str]], plots: list[tuple[str, str]]) -> str:
+def _clip(text: Any) -> str:
+    text = str(text)
+    return text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS] + " …"
+
+
+def _sample_tables(samples: list[tuple[str, list[dict[str, Any]]]]) -> str:
+    out = []
+    for title, rows in samples:
+        body = "\n".join(
+            f"<tr><td><pre>{html.escape(_clip(r.get('prompt', '')))}</pre></td>"
+            f"<td><pre>{html.escape(_clip(r.get('response', '')))}</pre></td>"
+            f"<td>{html.escape(_fmt(r.get('reward')) if r.get('reward') is not None else 'failed')}</td></tr>"
+            for r in rows
+        )
+        out.append(
+            f"<h2>{html.escape(title)}</h2>\n<table class=samples><tr><th>prompt</th><th>response</th>"
+            f"<th>reward</th></tr>\n{body}</table>"
+        )
+    return "\n".join(out)
+
+
+def _html(
+    run: Path,
+    summary: list[tuple[str, str]],
+    plots: list[tuple[str, str]],
+    samples: list[tuple[str, list[dict[str, Any]]]] | None = None,
+) -> str:
     rows = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in summary)
     figures = []
     for name, title in plots:
@@ -210,13 +282,16 @@ def _html(run: Path, summary: list[tuple[str, str]], plots: list[tuple[str, str]
             f'<img alt="{html.escape(title)}" src="data:image/png;base64,{data}"></figure>'
         )
     body = "\n".join(figures) or "<p>No plottable metrics were logged.</p>"
+    tables = _sample_tables(samples or [])
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>rlhf run report: {html.escape(run.name)}</title>
 <style>body{{font-family:sans-serif;max-width:780px;margin:2em auto;color:#222}}
 table{{border-collapse:collapse;margin-bottom:1.5em}}th,td{{border:1px solid #ccc;padding:4px 10px;text-align:left}}
-figure{{margin:1.5em 0}}img{{max-width:100%}}figcaption{{font-weight:bold;margin-bottom:.3em}}</style></head>
+figure{{margin:1.5em 0}}img{{max-width:100%}}figcaption{{font-weight:bold;margin-bottom:.3em}}
+pre{{white-space:pre-wrap;margin:0;font-size:90%}}table.samples td{{vertical-align:top}}</style></head>
 <body><h1>Run report: {html.escape(run.name)}</h1>
 <table>{rows}</table>
 {body}
+{tables}
 </body></html>
 """

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from rlhf_trainer import contract, ray_node
+
 #: Where the operator mounts the job's manifest in the controller pod.
-DEFAULT_SPEC_FILE = "/etc/rlhf/job.yaml"
+DEFAULT_SPEC_FILE = contract.SPEC_FILE
 
 
 def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -42,11 +43,11 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument(
         "--spec-file",
-        default=os.environ.get("RLHF_SPEC_FILE", DEFAULT_SPEC_FILE),
-        help=f"the mounted RLTrainingJob manifest (default $RLHF_SPEC_FILE or {DEFAULT_SPEC_FILE})",
+        default=contract.ENV_SPEC_FILE.get(),
+        help=f"the mounted RLTrainingJob manifest (default ${contract.ENV_SPEC_FILE.name} or {DEFAULT_SPEC_FILE})",
     )
     p.add_argument("--run-dir", help="override spec.output.dir")
-    p.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS"), help="the job's Ray head")
+    p.add_argument("--ray-address", default=contract.ENV_RAY_ADDRESS.get(), help="the job's Ray head")
     p.set_defaults(func=cmd_controller)
 
 
@@ -89,8 +90,10 @@ def _run(
     resume: bool,
     ray_address: str | None,
     on_status: Any = None,
+    membership: Any = None,
 ) -> int:
     from rlhf_trainer import controller
+    from rlhf_trainer.sync.fleet import ElasticOptions
 
     print(
         f"{job.metadata_name}: {job.spec.algorithm.name}, placement {job.spec.roles.placement}",
@@ -105,6 +108,7 @@ def _run(
             resume=resume,
             ray_address=ray_address,
             on_status=on_status,
+            elastic=ElasticOptions(membership=membership) if membership is not None else None,
         )
     except KeyboardInterrupt:
         print("interrupted; the next `rlhf run` resumes from the latest checkpoint", file=sys.stderr)
@@ -141,9 +145,28 @@ def cmd_controller(args: argparse.Namespace) -> int:
     job = _load(args.spec_file)
     if job is None:
         return 2
+    from rlhf_trainer.worker_cli import describe_pod
+
+    logging.getLogger(__name__).info("%s: running job %s", describe_pod(), job.metadata_name)
     reporter = StatusReporter.from_environment(job.metadata_name, job.namespace)
+    membership = follow_operator(job)
     ray_address = prepare_controller_pod(job, args.ray_address)
-    return _run(job, Path(args.spec_file).parent, None, args.run_dir, True, ray_address, reporter)
+    # Relative spec paths resolve against the working directory (the pod's /workspace,
+    # contract.POD_WORKSPACE_DIR), not against the read-only folder the spec is mounted in.
+    return _run(job, Path.cwd(), None, args.run_dir, True, ray_address, reporter, membership)
+
+
+def follow_operator(job: Any) -> Any:
+    """In the controller pod of a disaggregated job: the operator owns the rollout fleet's size,
+    so the fleet follows the job's `status.rollout` (`sync.cluster_membership`) and this pod runs
+    no autoscaler. Elsewhere None: `rlhf run`'s own policy."""
+    if job.spec.roles.placement != "disaggregated":
+        return None
+    from rlhf_trainer.sync.cluster_membership import ClusterMembership
+
+    return ClusterMembership.from_environment(
+        job.metadata_name, job.namespace, fallback_replicas=job.spec.roles.rollout.replicas
+    )
 
 
 def prepare_controller_pod(job: Any, ray_address: str | None, start: Any = None) -> str | None:
@@ -153,17 +176,38 @@ def prepare_controller_pod(job: Any, ray_address: str | None, start: Any = None)
     Outside a pod it changes nothing."""
     import subprocess
 
-    from rlhf_operator.children import RAY_PORT
-
-    if os.environ.get("RLHF_ROLE") != "controller":
+    if contract.ENV_ROLE.get() != contract.CONTROLLER_ROLE:
         return ray_address
-    if os.environ.get("RLHF_METRICS_PORT"):
-        job.spec.output.metrics_port = int(os.environ["RLHF_METRICS_PORT"])
+    if contract.ENV_METRICS_PORT.is_set():
+        job.spec.output.metrics_port = contract.ENV_METRICS_PORT.get_int()
     if ray_address:
         return ray_address
-    cmd = ["ray", "start", "--head", f"--port={RAY_PORT}", "--num-cpus=0", "--disable-usage-stats"]
-    logging.getLogger(__name__).info("starting the job's Ray head: %s", " ".join(cmd))
-    (start or subprocess.run)(cmd, check=True)
+    cmd = ["--head", f"--port={contract.RAY_PORT}"]
+    pod_ip = contract.ENV_POD_IP.get()
+    if pod_ip:
+        # The head advertises the pod's IP (what role pods and the driver's actors reach it on),
+        # not whatever address Ray would guess.
+        cmd.append(f"--node-ip-address={pod_ip}")
+    cmd = ray_node.command([*cmd, "--num-cpus=0", "--disable-usage-stats"])
+    log = logging.getLogger(__name__)
+    log.info("starting the job's Ray head: %s", " ".join(cmd))
+    # Ray gives a node 30 s to register (fixed in Ray): on a node loaded by the whole gang
+    # starting at once the head can miss it; try again rather than fail the gang.
+    attempts = max(1, contract.ENV_RAY_START_ATTEMPTS.get_int())
+    for attempt in range(1, attempts + 1):
+        try:
+            (start or subprocess.run)(cmd, check=True)
+            break
+        except subprocess.CalledProcessError as err:
+            if attempt == attempts:
+                raise
+            log.warning(
+                "the Ray head failed to start (exit %s; attempt %d of %d); trying again",
+                err.returncode,
+                attempt,
+                attempts,
+            )
+            (start or subprocess.run)(["ray", "stop", "--force"], check=False)
     return "auto"
 
 
@@ -178,7 +222,7 @@ class StatusReporter:
 
     @classmethod
     def from_environment(cls, name: str, namespace: str) -> StatusReporter | None:
-        if not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if not contract.ENV_KUBERNETES_SERVICE_HOST.is_set():
             return None
         try:
             from kubernetes import client, config
@@ -194,24 +238,35 @@ class StatusReporter:
         """The `status.progress` object for `done` of `total` steps."""
         import math
 
-        keep = ("reward/mean", "actor/kl", "timing/step", "perf/samples_per_second", "actor/policy_version")
+        keep = (
+            "reward/mean",
+            "actor/kl",
+            "timing/step",
+            "perf/samples_per_second",
+            "actor/policy_version",
+            "eval/reward_mean",
+        )
+        c = contract
         progress: dict[str, Any] = {
-            "step": done,
-            "totalSteps": total,
-            "metrics": {k.replace("/", "_"): f"{metrics[k]:.6g}" for k in keep if k in metrics},
+            c.PROGRESS_STEP: done,
+            c.PROGRESS_TOTAL_STEPS: total,
+            c.PROGRESS_METRICS: {c.progress_metric_key(k): f"{metrics[k]:.6g}" for k in keep if k in metrics},
         }
         reward = metrics.get("reward/mean")
         # A number for the printer column; NaN (every sample's reward failed) cannot travel in JSON.
         if isinstance(reward, (int, float)) and math.isfinite(reward):
-            progress["reward"] = float(reward)
-        return {"status": {"progress": progress}}
+            progress[c.PROGRESS_REWARD] = float(reward)
+        evaluated = metrics.get("eval/reward_mean")
+        if isinstance(evaluated, (int, float)) and math.isfinite(evaluated):
+            progress[c.PROGRESS_EVAL_REWARD] = float(evaluated)
+            progress[c.PROGRESS_EVAL_STEP] = int(metrics.get("eval/step", done))
+        return {"status": {c.STATUS_PROGRESS: progress}}
 
     def __call__(self, done: int, total: int, metrics: dict[str, float]) -> None:
-        from rlhf_operator.labels import GROUP, PLURAL, VERSION
-
+        c = contract
         try:
             self.api.patch_namespaced_custom_object_status(
-                GROUP, VERSION, self.namespace, PLURAL, self.name, self.progress(done, total, metrics)
+                c.GROUP, c.VERSION, self.namespace, c.PLURAL, self.name, self.progress(done, total, metrics)
             )
         except Exception as err:  # reporting must never stop training
             logging.getLogger(__name__).warning("could not patch status.progress of %s: %s", self.name, err)

@@ -17,7 +17,9 @@ This module must stay importable without torch, Ray or a Kubernetes client.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
+import posixpath
 import re
 import types
 import typing
@@ -27,14 +29,49 @@ from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 
 import yaml
 
-from rlhf_operator.labels import API_VERSION, KIND
+from rlhf_trainer import algorithm_params
+from rlhf_trainer.contract import (
+    API_VERSION,
+    CONTROLLER_ROLE,
+    GROUP,
+    KIND,
+    KUEUE_POD_GROUP_NAME,
+    KUEUE_POD_GROUP_TOTAL_COUNT,
+    KUEUE_QUEUE_NAME,
+    OPERATOR_ENV_NAMES,
+    POD_HOME_DIR,
+    POD_SHM_DIR,
+    POD_SPEC_DIR,
+    POD_TMP_DIR,
+    POD_WORKSPACE_DIR,
+    ROLES,
+    SCHEDULER_PLUGINS_POD_GROUP,
+    VOLCANO_POD_GROUP,
+)
 
 #: Algorithms shipped with the library (`rlhf_trainer.algorithms`). A custom one is given by
 #: import path, `my_pkg.algos:MyAlgo`.
-BUILTIN_ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce_plus_plus", "online_dpo", "dynamic_kl_ppo")
+BUILTIN_ALGORITHMS = (
+    "ppo",
+    "grpo",
+    "gspo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "remax",
+    "online_dpo",
+    "dynamic_kl_ppo",
+)
 IMPORT_PATH_RE = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$"
 DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY_RE = r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)(m|k|Ki|M|Mi|G|Gi|T|Ti)?$"
+#: What an error shows instead of a field's regular expression (unless the field gives `valid`).
+PATTERN_HINTS = {
+    QUANTITY_RE: "a Kubernetes quantity such as 8Gi, 512Mi, 2 or 500m",
+    IMPORT_PATH_RE: "an import path package.module:name, e.g. my_rewards:exact_match",
+    DNS_LABEL_RE: "a DNS label: at most 63 lowercase letters, digits and '-', starting and ending with a "
+    "letter or digit, e.g. h100-pool",
+}
 
 
 class SpecError(ValueError):
@@ -46,8 +83,10 @@ class SpecError(ValueError):
 
 
 def _f(default: Any = dataclasses.MISSING, doc: str = "", **meta: Any) -> Any:
-    """A documented field. `meta` keys: enum, minimum, maximum, exclusive_minimum, pattern,
-    immutable (CEL `self == oldSelf` once the job exists), cluster_only, free_form (no schema)."""
+    """A documented field. `meta` keys: enum, minimum, maximum, exclusive_minimum, pattern (with
+    `valid`: the words an error shows instead of the regex), check (`check(value, path) -> errors`,
+    run when the value is well-typed), immutable (CEL `self == oldSelf` once the job exists),
+    cluster_only, free_form (no schema)."""
     meta["doc"] = doc
     if isinstance(default, (list, dict)):
         value = default
@@ -67,6 +106,56 @@ def camel(name: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+def _check_lora_dropout(value: float, path: str) -> list[str]:
+    if 0.0 <= value < 1.0:
+        return []
+    return [f"{path}: {value!r} is not valid; valid: a probability in [0, 1)"]
+
+
+def _check_lora_targets(value: list[str], path: str) -> list[str]:
+    if not value:
+        return [f"{path}: must not be empty; valid: [all-linear] or module names such as [q_proj, v_proj]"]
+    bad = [v for v in value if not v.strip()]
+    if bad:
+        return [f"{path}: {bad[0]!r} is not a module name; valid: names such as q_proj, or all-linear"]
+    if "all-linear" in value and len(value) > 1:
+        return [f"{path}: all-linear stands alone; valid: [all-linear] or a list of module names"]
+    return []
+
+
+@dataclass
+class LoraSpec:
+    """Low-rank adapters (LoRA, Hu et al. 2021, arXiv:2106.09685) through `peft`: the actor trains
+    only the adapters, the frozen base model with the adapters disabled is the reference policy
+    (no reference role, no second copy of the model), the rollout engines receive the merged
+    weights, and the exported model is merged (`from_pretrained` loads it without `peft`)."""
+
+    rank: int = _f(8, doc="Rank r of each adapter (the inner dimension of B·A).", minimum=1)
+    alpha: float = _f(
+        16.0,
+        doc="Scale numerator: the adapter adds (alpha / rank) · B·A to each targeted weight.",
+        exclusive_minimum=0.0,
+    )
+    dropout: float = _f(
+        0.0,
+        doc="Dropout on the adapters' input while training, in [0, 1). Keep 0 for RL: scoring and "
+        "sampling forwards then equal the trained one.",
+        minimum=0.0,
+        check=_check_lora_dropout,
+    )
+    target_modules: list[str] = _f(
+        ["all-linear"],
+        doc="Modules that get an adapter: `[all-linear]` (every linear layer but the output head) or "
+        "module names matched by `peft` (e.g. `[q_proj, k_proj, v_proj, o_proj]`).",
+        check=_check_lora_targets,
+    )
+    export_adapter: bool = _f(
+        False,
+        doc="The end of `rlhf run` also writes the adapter alone (peft format: adapter_config.json, "
+        "adapter_model.safetensors) to `<output.dir>/final/adapter` (`rlhf export --adapter` does the same).",
+    )
+
+
 @dataclass
 class ModelSpec:
     """The policy model. The actor, reference and rollout roles start from it; the critic too,
@@ -79,7 +168,8 @@ class ModelSpec:
     tokenizer: str | None = _f(None, doc="Tokenizer directory or hub id; defaults to `path`.", immutable=True)
     dtype: Literal["float32", "bfloat16", "float16"] = _f(
         "float32",
-        doc="Parameter dtype for training and rollout. float32 on CPU; bfloat16 on GPUs.",
+        doc="Compute dtype of training and rollout. The trained roles keep fp32 master weights, gradients "
+        "and optimizer state whatever this says (bfloat16: bf16 forward/backward); float32 on CPU, bfloat16 on GPUs.",
         immutable=True,
     )
     bootstrap: str | None = _f(
@@ -91,8 +181,20 @@ class ModelSpec:
     critic_path: str | None = _f(
         None, doc="Initial critic model; defaults to `path` with a fresh value head.", immutable=True
     )
+    lora: LoraSpec | None = _f(
+        None,
+        doc="Train low-rank adapters instead of the full policy; the reference policy is then the base "
+        "model inside the actor (no reference pods). Unset: full fine-tuning.",
+        immutable=True,
+    )
 
-    CEL_RULES: ClassVar[list[tuple[str, str]]] = [("size(self.path) > 0", "model.path must not be empty")]
+    CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [
+        (
+            "size(self.path) > 0",
+            "model.path must not be empty; valid: a model directory such as /models/qwen2.5-0.5b or a hub id",
+            {"fieldPath": ".path"},
+        )
+    ]
 
 
 @dataclass
@@ -100,7 +202,9 @@ class DataSpec:
     """Prompts. Every other column of a row is passed to reward functions as a keyword argument
     (for example the reference answer)."""
 
-    path: str = _f(doc="A JSONL or Parquet file, or a folder saved by `datasets.Dataset.save_to_disk`.")
+    path: str = _f(
+        doc="A JSONL or Parquet file, or a folder saved by `datasets.Dataset.save_to_disk`.", min_length=1
+    )
     format: Literal["auto", "jsonl", "parquet", "datasets"] = _f(
         "auto", doc="File format; `auto` decides by extension."
     )
@@ -127,9 +231,12 @@ class RewardFunctionSpec:
 
 @dataclass
 class RewardModelSpec:
-    """A sequence-classification reward model (`AutoModelForSequenceClassification`, 1 label)."""
+    """A sequence-classification reward model (`AutoModelForSequenceClassification`, 1 label). When
+    its tokenizer has a chat template, each sample is scored as a conversation rendered by that
+    template (the prompt's messages, then the response as the assistant turn); otherwise as
+    prompt + response."""
 
-    path: str = _f(doc="Local directory of the reward model.")
+    path: str = _f(doc="Local directory of the reward model.", min_length=1)
     weight: float = _f(1.0, doc="Weight of the reward model's score in the weighted sum.")
     batch_size: int = _f(16, doc="Sequences scored per forward pass.", minimum=1)
 
@@ -148,7 +255,10 @@ class RewardSpec:
     error_penalty: float = _f(-1.0, doc="Reward given to a failed sample when `onError: penalty`.")
 
     CEL_RULES: ClassVar[list[tuple[str, str]]] = [
-        ("size(self.functions) > 0 || has(self.model)", "reward needs at least one function or a model")
+        (
+            "size(self.functions) > 0 || has(self.model)",
+            "reward needs at least one function or a model; valid: functions: [{path: my_rewards:exact_match}]",
+        )
     ]
 
 
@@ -163,20 +273,42 @@ class AlgorithmSpec:
     )
     params: dict[str, Any] = _f(
         {},
-        doc="Hyperparameters of the algorithm (for example clipRatioLow, klCoef, lossAggMode); "
-        "checked by the algorithm itself, which names any unknown key.",
+        doc="Hyperparameters of the algorithm (for example clipRatioLow, klCoef, lossAggMode): each "
+        "built-in's are typed and bounded (see the manifest reference); a key the chosen algorithm does not "
+        "take is refused.",
+        schema=algorithm_params.params_schema,
+    )
+    custom_params: dict[str, Any] | None = _f(
+        None,
+        doc="Free-form hyperparameters of a custom algorithm (`name: package.module:Class`), passed to it "
+        "with `params`; its class checks them. Not allowed with a built-in algorithm.",
         free_form=True,
     )
 
-    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
+    CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [
         (
             "self.name in " + "[" + ", ".join(f"'{a}'" for a in BUILTIN_ALGORITHMS) + "]"
             f" || self.name.matches('{IMPORT_PATH_RE}')",
             "algorithm.name must be one of "
             + ", ".join(BUILTIN_ALGORITHMS)
             + " or an import path package.module:Class",
-        )
+            {
+                "fieldPath": ".name",
+                "messageExpression": "'algorithm.name must be one of "
+                + ", ".join(BUILTIN_ALGORITHMS)
+                + " or an import path package.module:Class (got \"' + self.name + '\")'",
+            },
+        ),
+        *algorithm_params.cel_rules(),
     ]
+
+    def check(self, path: str) -> list[str]:
+        return algorithm_params.check_params(self.name, self.params, f"{path}.params")
+
+    @property
+    def all_params(self) -> dict[str, Any]:
+        """What the algorithm is built with: `params`, then a custom algorithm's `customParams`."""
+        return {**self.params, **(self.custom_params or {})}
 
 
 @dataclass
@@ -223,6 +355,11 @@ class TrainingSpec:
     weight_decay: float = _f(0.0, doc="AdamW weight decay.", minimum=0.0)
     grad_clip: float = _f(1.0, doc="Clip the global gradient norm to this value; 0 disables.", minimum=0.0)
     seed: int = _f(0, doc="Seed of every random generator (data order, sampling, initialisation).", minimum=0)
+    activation_checkpointing: bool = _f(
+        False,
+        doc="Recompute each transformer block's activations in the backward pass of the actor and critic "
+        "(less activation memory, about one more forward of compute).",
+    )
 
 
 @dataclass
@@ -232,6 +369,7 @@ class CheckpointSpec:
     dir: str | None = _f(
         None,
         doc="Checkpoint directory; defaults to `<output.dir>/checkpoints`. A shared volume on a cluster.",
+        min_length=1,
     )
     every: int = _f(
         10, doc="Write a checkpoint every this many steps (and at the end); 0 only at the end.", minimum=0
@@ -241,10 +379,92 @@ class CheckpointSpec:
 
 
 @dataclass
+class EvalSpec:
+    """Evaluation of the policy on held-out prompts: after every `every` steps and after the last
+    step, once the step's weights are synced. Metrics `eval/greedy/*` and `eval/sampled/*` (mean,
+    std, min, max reward, response length; `eval/sampled/best_of_n`: the mean over prompts of each
+    prompt's best sample), and `eval/reward_mean` (greedy's, else the samples'), go to the
+    metrics log, /metrics, the report, `status.progress` and the trackers. The prompt file is read
+    like `data.path`, with its promptField, chatTemplate and maxPromptLength (longer prompts are
+    skipped), in file order."""
+
+    path: str = _f(
+        doc="The evaluation's prompt file: JSONL, Parquet, or a folder written by `datasets.Dataset.save_to_disk`.",
+        min_length=1,
+    )
+    format: Literal["auto", "jsonl", "parquet", "datasets"] = _f(
+        "auto", doc="File format; `auto` decides by extension."
+    )
+    every: int = _f(
+        10,
+        doc="Evaluate after every this many steps (and after the last); 0: after the last step only.",
+        minimum=0,
+    )
+    max_prompts: int = _f(
+        0, doc="Evaluate on the first this many prompts of the file; 0: all of them.", minimum=0
+    )
+    greedy: bool = _f(
+        True, doc="One greedy (temperature 0) response per prompt: the `eval/greedy/*` metrics."
+    )
+    samples: int = _f(
+        0,
+        doc="Responses sampled per prompt with the rollout's temperature, topP and topK: the `eval/sampled/*` "
+        "metrics; 0: none.",
+        minimum=0,
+    )
+    rewards: list[RewardFunctionSpec] = _f(
+        [],
+        doc="Reward functions of the evaluation (summed with their weights, scored by the reward role with "
+        "`reward.onError`); empty: the job's own `reward` (functions and model).",
+    )
+
+    CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [
+        (
+            "self.greedy || self.samples >= 1",
+            "spec.eval.samples must be >= 1 when spec.eval.greedy is false (nothing to evaluate otherwise)",
+            {"fieldPath": ".samples"},
+        )
+    ]
+
+    def check(self, path: str) -> list[str]:
+        if not self.greedy and self.samples < 1:
+            return [
+                f"{path}.samples: 0 with greedy: false evaluates nothing; valid: greedy: true, or samples >= 1"
+            ]
+        return []
+
+
+@dataclass
+class TrackersSpec:
+    """Experiment trackers that receive every step's numeric metrics (all off). Weights & Biases
+    and MLflow take their destination and credentials from their own environment variables
+    (`WANDB_API_KEY`, `WANDB_MODE`, `MLFLOW_TRACKING_URI`, ...; `spec.pod.env` on a cluster); a
+    tracker asked for whose package is not installed stops the job at start, naming the package."""
+
+    tensorboard: bool = _f(
+        False,
+        doc="Write TensorBoard event files to `<output.dir>/tensorboard` (needs the `tensorboard` package).",
+    )
+    wandb: bool = _f(False, doc="Log to Weights & Biases, one run named after the job (needs `wandb`).")
+    mlflow: bool = _f(
+        False,
+        doc="Log to MLflow, one run named after the job (needs `mlflow`); without MLFLOW_TRACKING_URI it "
+        "writes to `<output.dir>/mlruns`.",
+    )
+    project: str | None = _f(
+        None,
+        doc="W&B project and MLflow experiment; unset: the tracker's own default (WANDB_PROJECT, "
+        "MLFLOW_EXPERIMENT_NAME).",
+        min_length=1,
+        max_length=128,
+    )
+
+
+@dataclass
 class OutputSpec:
     """Where a run writes its logs, metrics and report."""
 
-    dir: str = _f("runs/{name}", doc="Run directory; `{name}` is replaced by the job's name.")
+    dir: str = _f("runs/{name}", doc="Run directory; `{name}` is replaced by the job's name.", min_length=1)
     metrics_port: int = _f(
         0,
         doc="Port of the controller's Prometheus /metrics endpoint; 0 picks a free port (written to the run dir).",
@@ -253,18 +473,542 @@ class OutputSpec:
     )
     report: bool = _f(True, doc="Write report.html with plots at the end of the run.")
     progress: bool = _f(True, doc="Show a live progress bar on a terminal.")
+    samples_per_step: int = _f(
+        4,
+        doc="Prompt, response and reward of this many samples of each step (spread over the batch), and of "
+        "each evaluation, appended to `<output.dir>/samples.jsonl` and shown in the report; 0: none.",
+        minimum=0,
+    )
+    trackers: TrackersSpec = _f(
+        TrackersSpec, doc="Experiment trackers (TensorBoard, Weights & Biases, MLflow)."
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Pods: storage, environment, metadata (cluster only)
+# --------------------------------------------------------------------------------------------
+
+DNS_SUBDOMAIN_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_SUBDOMAIN = (
+    "a DNS subdomain: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+)
+ENV_NAME_RE = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+CONFIG_KEY_RE = r"^[-._a-zA-Z0-9]+$"
+FIELD_PATH_RE = (
+    r"^(metadata\.(name|namespace|uid|labels\['[^']+'\]|annotations\['[^']+'\])"
+    r"|spec\.(nodeName|serviceAccountName)|status\.(hostIP|hostIPs|podIP|podIPs))$"
+)
+FIELD_PATHS = (
+    "metadata.name, metadata.namespace, metadata.uid, metadata.labels['KEY'], "
+    "metadata.annotations['KEY'], spec.nodeName, spec.serviceAccountName, status.hostIP, "
+    "status.hostIPs, status.podIP, status.podIPs"
+)
+#: `domain/name` of an extended resource a device plugin advertises (`rdma/hca`, `vpc.amazonaws.com/efa`).
+EXTENDED_RESOURCE_RE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+_LABEL_NAME_RE = r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
+_LABEL_VALUE_RE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+
+#: Names of the volumes the operator adds itself.
+OPERATOR_VOLUMES = ("dshm", "tmp", "spec", "workspace")
+#: Label and annotation keys the operator sets (besides every key in the `rlhf.dev/` namespace).
+OPERATOR_METADATA_KEYS = (
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/part-of",
+    KUEUE_QUEUE_NAME,
+    KUEUE_POD_GROUP_NAME,
+    KUEUE_POD_GROUP_TOTAL_COUNT,
+    SCHEDULER_PLUGINS_POD_GROUP,
+    VOLCANO_POD_GROUP,
+)
+
+
+def _is_relative_path(value: str) -> bool:
+    parts = value.split("/")
+    return bool(value) and not value.startswith("/") and ".." not in parts
+
+
+def _exactly_one(obj: Any, path: str, names: tuple[str, ...]) -> list[str]:
+    given = [camel(n) for n in names if getattr(obj, n) is not None]
+    if len(given) == 1:
+        return []
+    valid = ", ".join(camel(n) for n in names)
+    got = ", ".join(given) if given else "none"
+    return [f"{path}: set exactly one of {valid} (got {got})"]
+
+
+def _one_of_cel(names: tuple[str, ...]) -> str:
+    return " + ".join(f"(has(self.{camel(n)}) ? 1 : 0)" for n in names) + " == 1"
+
+
+def _metadata_key_errors(key: str, path: str) -> list[str]:
+    """A label or annotation key: `[prefix/]name`, not one the operator owns."""
+    prefix, _, name = key.rpartition("/")
+    if (prefix and (len(prefix) > 253 or not re.match(DNS_SUBDOMAIN_RE, prefix))) or (
+        len(name) > 63 or not re.match(_LABEL_NAME_RE, name)
+    ):
+        return [
+            f"{path}: key {key!r} is not valid; valid: an optional DNS-subdomain prefix and '/', then a "
+            "name of at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+        ]
+    if prefix == GROUP or prefix.endswith("." + GROUP):
+        return [
+            f"{path}: key {key!r} is in the {GROUP}/ namespace, which the operator owns; use another prefix"
+        ]
+    if key in OPERATOR_METADATA_KEYS:
+        return [
+            f"{path}: key {key!r} is set by the operator (from spec.scheduling or for every child); remove it"
+        ]
+    return []
+
+
+def _check_relative_path(value: str, path: str) -> list[str]:
+    if _is_relative_path(value):
+        return []
+    return [f"{path}: {value!r} is not valid; valid: a relative path without '..'"]
+
+
+def _check_mount_path(value: str, path: str) -> list[str]:
+    if not value.startswith("/") or posixpath.normpath(value) != value:
+        return [f"{path}: {value!r} is not valid; valid: a normalized absolute path such as /data"]
+    if value == "/" or any(value == r or value.startswith(r + "/") for r in (POD_SHM_DIR, POD_SPEC_DIR)):
+        return [f"{path}: {value!r} is not valid; the operator owns /, {POD_SHM_DIR} and {POD_SPEC_DIR}"]
+    return []
+
+
+def _check_volume_name(value: str, path: str) -> list[str]:
+    if value in OPERATOR_VOLUMES:
+        return [f"{path}: {value!r} is a volume the operator adds itself; valid: any other DNS label"]
+    return []
+
+
+def _check_env_name(value: str, path: str) -> list[str]:
+    if value in OPERATOR_ENV_NAMES:
+        return [
+            f"{path}: {value!r} is set by the operator (the pod contract); valid: any other name "
+            "(the operator's defaults HOME, XDG_CACHE_HOME, HF_HOME, MPLCONFIGDIR, ... may be overridden)"
+        ]
+    return []
+
+
+def _cel_in(values: tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+#: CEL counterparts of the checks above (the API server evaluates them; so does `rlhf validate`).
+_RELATIVE_PATH_CEL = [
+    (
+        "size(self) > 0 && !self.startsWith('/') && !self.matches('(^|/)[.][.](/|$)')",
+        "'\"' + self + '\" is not valid; valid: a relative path without \\'..\\''",
+    )
+]
+_MOUNT_PATH_CEL = [
+    (
+        "self.startsWith('/') && self != '/' && !self.endsWith('/') && !self.contains('//')"
+        " && !self.matches('/[.][.]?(/|$)')",
+        "'\"' + self + '\" is not valid; valid: a normalized absolute path such as /data'",
+    ),
+    (
+        " && ".join(f"self != '{d}' && !self.startsWith('{d}/')" for d in (POD_SHM_DIR, POD_SPEC_DIR)),
+        f"'\"' + self + '\" is not valid; the operator owns {POD_SHM_DIR} and {POD_SPEC_DIR}'",
+    ),
+]
+_VOLUME_NAME_CEL = [
+    (
+        f"!(self in {_cel_in(OPERATOR_VOLUMES)})",
+        "'\"' + self + '\" is a volume the operator adds itself; valid: any other DNS label'",
+    )
+]
+_ENV_NAME_CEL = [
+    (
+        f"!(self in {_cel_in(OPERATOR_ENV_NAMES)})",
+        "'\"' + self + '\" is set by the operator (the pod contract); valid: any other name'",
+    )
+]
+
+
+def _check_labels(labels: dict[str, str], path: str) -> list[str]:
+    errs: list[str] = []
+    for key, value in labels.items():
+        errs.extend(_metadata_key_errors(key, path))
+        if len(value) > 63 or not re.match(_LABEL_VALUE_RE, value):
+            errs.append(
+                f"{path}.{key}: {value!r} is not a valid label value; valid: at most 63 letters, "
+                "digits, '-', '_' or '.', starting and ending with a letter or digit (or empty)"
+            )
+    return errs
+
+
+def _check_annotations(annotations: dict[str, str], path: str) -> list[str]:
+    return [e for key in annotations for e in _metadata_key_errors(key, path)]
+
+
+def _check_devices(devices: dict[str, int], path: str) -> list[str]:
+    errs: list[str] = []
+    for key, count in devices.items():
+        if not re.match(EXTENDED_RESOURCE_RE, key) or key.split("/")[0].endswith("kubernetes.io"):
+            errs.append(
+                f"{path}: {key!r} is not an extended resource name; valid: domain/name outside "
+                "kubernetes.io, e.g. rdma/hca or vpc.amazonaws.com/efa"
+            )
+        elif key == "nvidia.com/gpu":
+            errs.append(f"{path}: {key!r} is set by `gpus`; use {path.rsplit('.', 1)[0]}.gpus")
+        if count < 1:
+            errs.append(f"{path}.{key}: {count} is below the minimum 1")
+    return errs
+
+
+@dataclass
+class KeyToPathSpec:
+    """One key of a ConfigMap or Secret, projected as a file (core/v1 KeyToPath)."""
+
+    key: str = _f(doc="Key in the ConfigMap or Secret.", pattern=CONFIG_KEY_RE)
+    path: str = _f(
+        doc="File path relative to the mount path (no `..`).",
+        check=_check_relative_path,
+        cel=_RELATIVE_PATH_CEL,
+        max_length=256,
+    )
+    mode: int | None = _f(
+        None,
+        doc="Mode bits of the file (decimal 0-511, i.e. 0-0777); defaults to `defaultMode`.",
+        minimum=0,
+        maximum=511,
+    )
+
+
+@dataclass
+class PersistentVolumeClaimSourceSpec:
+    """An existing PersistentVolumeClaim in the job's namespace (core/v1 PersistentVolumeClaimVolumeSource).
+
+    A directory several pods write (the checkpoint directory: controller, actor and critic pods)
+    needs a claim whose access mode is ReadWriteMany, unless all those pods run on one node."""
+
+    claim_name: str = _f(
+        doc="Name of the PersistentVolumeClaim.", pattern=DNS_SUBDOMAIN_RE, valid=DNS_SUBDOMAIN
+    )
+    read_only: bool = _f(False, doc="Attach the claim read-only.")
+
+
+@dataclass
+class HostPathSourceSpec:
+    """A directory or file of the node (core/v1 HostPathVolumeSource): shared only by pods on the same node."""
+
+    path: str = _f(doc="Absolute path on the node.", pattern=r"^/", valid="an absolute path")
+    type: (
+        Literal[
+            "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice", "BlockDevice"
+        ]
+        | None
+    ) = _f(None, doc="What must exist at `path`; unset: no check.")
+
+
+@dataclass
+class EmptyDirSourceSpec:
+    """A directory that starts empty and lives as long as the pod (core/v1 EmptyDirVolumeSource): private to each pod."""
+
+    medium: Literal["Memory"] | None = _f(
+        None, doc="`Memory`: a tmpfs, counted against the pod's memory limit; unset: the node's disk."
+    )
+    size_limit: str | None = _f(None, doc="Largest size (Kubernetes quantity).", pattern=QUANTITY_RE)
+
+
+@dataclass
+class ConfigMapSourceSpec:
+    """A ConfigMap's keys as files (core/v1 ConfigMapVolumeSource); always mounted read-only."""
+
+    name: str = _f(
+        doc="Name of the ConfigMap in the job's namespace.", pattern=DNS_SUBDOMAIN_RE, valid=DNS_SUBDOMAIN
+    )
+    items: list[KeyToPathSpec] = _f(
+        [], doc="Only these keys, at these paths; unset: every key as a file of its name."
+    )
+    default_mode: int | None = _f(
+        None, doc="Mode bits of the files (decimal 0-511, i.e. 0-0777); unset: 0644.", minimum=0, maximum=511
+    )
+    optional: bool = _f(False, doc="Start the pod even if the ConfigMap (or a listed key) does not exist.")
+
+
+@dataclass
+class SecretSourceSpec:
+    """A Secret's keys as files (core/v1 SecretVolumeSource); always mounted read-only."""
+
+    secret_name: str = _f(
+        doc="Name of the Secret in the job's namespace.", pattern=DNS_SUBDOMAIN_RE, valid=DNS_SUBDOMAIN
+    )
+    items: list[KeyToPathSpec] = _f(
+        [], doc="Only these keys, at these paths; unset: every key as a file of its name."
+    )
+    default_mode: int | None = _f(
+        None, doc="Mode bits of the files (decimal 0-511, i.e. 0-0777); unset: 0644.", minimum=0, maximum=511
+    )
+    optional: bool = _f(False, doc="Start the pod even if the Secret (or a listed key) does not exist.")
+
+
+_VOLUME_SOURCES = ("persistent_volume_claim", "host_path", "empty_dir", "config_map", "secret")
+
+
+@dataclass
+class VolumeSpec:
+    """A volume and where it is mounted in the trainer container (a core/v1 Volume and its VolumeMount
+    in one entry): exactly one of persistentVolumeClaim, hostPath, emptyDir, configMap, secret."""
+
+    name: str = _f(
+        doc="Volume name, unique in each pod; not one the operator uses itself ("
+        + ", ".join(OPERATOR_VOLUMES)
+        + ").",
+        pattern=DNS_LABEL_RE,
+        check=_check_volume_name,
+        cel=_VOLUME_NAME_CEL,
+    )
+    mount_path: str = _f(
+        doc=f"Absolute path in the container. A volume mounted exactly at {POD_WORKSPACE_DIR} (the working "
+        f"directory) or {POD_TMP_DIR} replaces the per-pod emptyDir the operator puts there; not /, "
+        f"{POD_SHM_DIR} or {POD_SPEC_DIR} (nor below them).",
+        check=_check_mount_path,
+        cel=_MOUNT_PATH_CEL,
+        # Short enough that the API server's cost estimate of the rules comparing paths stays low.
+        max_length=256,
+    )
+    sub_path: str | None = _f(
+        None,
+        doc="Mount this relative path of the volume instead of its root.",
+        check=_check_relative_path,
+        cel=_RELATIVE_PATH_CEL,
+        max_length=256,
+    )
+    read_only: bool = _f(False, doc="Mount read-only (configMap and secret volumes always are).")
+    persistent_volume_claim: PersistentVolumeClaimSourceSpec | None = _f(
+        None, doc="An existing PersistentVolumeClaim (models, prompts, checkpoints, run directories)."
+    )
+    host_path: HostPathSourceSpec | None = _f(None, doc="A path on the node.")
+    empty_dir: EmptyDirSourceSpec | None = _f(None, doc="A scratch directory private to each pod (caches).")
+    config_map: ConfigMapSourceSpec | None = _f(
+        None, doc="A ConfigMap's keys as files (small prompt files, configs)."
+    )
+    secret: SecretSourceSpec | None = _f(None, doc="A Secret's keys as files (credentials).")
+
+    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
+        (
+            _one_of_cel(_VOLUME_SOURCES),
+            "a volume needs exactly one of persistentVolumeClaim, hostPath, emptyDir, configMap, secret",
+        )
+    ]
+
+    def check(self, path: str) -> list[str]:
+        return _exactly_one(self, path, _VOLUME_SOURCES)
+
+    @property
+    def source_kind(self) -> str:
+        """`persistentVolumeClaim`, `hostPath`, `emptyDir`, `configMap` or `secret`."""
+        return next(camel(n) for n in _VOLUME_SOURCES if getattr(self, n) is not None)
+
+    @property
+    def writable(self) -> bool:
+        pvc = self.persistent_volume_claim
+        return not (self.read_only or self.config_map or self.secret or (pvc and pvc.read_only))
+
+
+@dataclass
+class KeySelectorSpec:
+    """One key of a Secret or a ConfigMap in the job's namespace (core/v1 SecretKeySelector, ConfigMapKeySelector)."""
+
+    name: str = _f(doc="Name of the Secret or ConfigMap.", pattern=DNS_SUBDOMAIN_RE, valid=DNS_SUBDOMAIN)
+    key: str = _f(doc="The key whose value becomes the variable's.", pattern=CONFIG_KEY_RE)
+    optional: bool = _f(False, doc="Start the pod even if the object or the key does not exist.")
+
+
+@dataclass
+class FieldSelectorSpec:
+    """A field of the pod (core/v1 ObjectFieldSelector, the downward API)."""
+
+    field_path: str = _f(doc=f"One of {FIELD_PATHS}.", pattern=FIELD_PATH_RE, valid=FIELD_PATHS)
+
+
+@dataclass
+class ResourceFieldSelectorSpec:
+    """A request or limit of the trainer container (core/v1 ResourceFieldSelector)."""
+
+    resource: Literal[
+        "requests.cpu",
+        "requests.memory",
+        "requests.ephemeral-storage",
+        "limits.cpu",
+        "limits.memory",
+        "limits.ephemeral-storage",
+    ] = _f(doc="Which request or limit.")
+    divisor: str | None = _f(
+        None, doc="Unit of the value (Kubernetes quantity, e.g. 1Mi); unset: 1.", pattern=QUANTITY_RE
+    )
+
+
+_ENV_SOURCES = ("secret_key_ref", "config_map_key_ref", "field_ref", "resource_field_ref")
+
+
+@dataclass
+class EnvVarSourceSpec:
+    """Where a variable's value comes from (core/v1 EnvVarSource): exactly one of secretKeyRef,
+    configMapKeyRef, fieldRef, resourceFieldRef."""
+
+    secret_key_ref: KeySelectorSpec | None = _f(None, doc="A key of a Secret (tokens, credentials).")
+    config_map_key_ref: KeySelectorSpec | None = _f(None, doc="A key of a ConfigMap.")
+    field_ref: FieldSelectorSpec | None = _f(None, doc="A field of the pod (downward API).")
+    resource_field_ref: ResourceFieldSelectorSpec | None = _f(
+        None, doc="A request or limit of the container."
+    )
+
+    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
+        (
+            _one_of_cel(_ENV_SOURCES),
+            "valueFrom needs exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef",
+        )
+    ]
+
+    def check(self, path: str) -> list[str]:
+        return _exactly_one(self, path, _ENV_SOURCES)
+
+
+@dataclass
+class EnvVarSpec:
+    """An environment variable of the trainer container (core/v1 EnvVar): `value` or `valueFrom`."""
+
+    name: str = _f(
+        doc="Variable name; not one of the operator's contract variables ("
+        + ", ".join(OPERATOR_ENV_NAMES)
+        + ").",
+        pattern=ENV_NAME_RE,
+        valid="letters, digits, '_', '-' and '.', not starting with a digit",
+        check=_check_env_name,
+        cel=_ENV_NAME_CEL,
+        max_length=256,
+    )
+    value: str | None = _f(
+        None, doc="The value; `$(OTHER)` expands a variable defined before it (the operator's come first)."
+    )
+    value_from: EnvVarSourceSpec | None = _f(None, doc="Take the value from a Secret, ConfigMap or the pod.")
+
+    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
+        ("has(self.value) != has(self.valueFrom)", "an env var needs exactly one of value, valueFrom")
+    ]
+
+    def check(self, path: str) -> list[str]:
+        return _exactly_one(self, path, ("value", "value_from"))
+
+
+@dataclass
+class PodSettingsSpec:
+    """What is added to pods (all of the job's pods in `spec.pod`, one role's in `spec.roles.<role>.pod`,
+    the controller pod's in `spec.controller.pod`).
+
+    Environment variables follow the operator's own, in order (`spec.pod`, then the role's); one
+    named like an operator default (HOME, XDG_CACHE_HOME, HF_HOME, MPLCONFIGDIR, NCCL_DEBUG, ...)
+    replaces it, and a role's replaces `spec.pod`'s of the same name. Changes apply to pods created
+    afterwards (new rollout pods, the next gang restart)."""
+
+    env: list[EnvVarSpec] = _f(
+        [], doc="Environment variables (`value`, or `valueFrom` a Secret, ConfigMap or pod field)."
+    )
+    labels: dict[str, str] = _f(
+        {},
+        doc=f"Pod labels; keys in the {GROUP}/ namespace and the scheduling keys the operator sets are refused.",
+        check=_check_labels,
+    )
+    annotations: dict[str, str] = _f(
+        {},
+        doc=f"Pod annotations; keys in the {GROUP}/ namespace and the scheduling keys the operator sets are refused.",
+        check=_check_annotations,
+    )
+    volumes: list[VolumeSpec] = _f(
+        [],
+        doc="Volumes mounted into the trainer container (the model, prompts, checkpoints, run directory, caches).",
+    )
+
+    CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [
+        (
+            "self.env.all(e, self.env.exists_one(f, f.name == e.name))",
+            "env names must be unique",
+            {
+                "fieldPath": ".env",
+                "messageExpression": "'env names must be unique; defined twice: ' + "
+                "self.env.filter(e, !self.env.exists_one(f, f.name == e.name)).map(e, e.name).join(', ')",
+            },
+        ),
+        *[
+            (
+                f"self.volumes.all(v, self.volumes.exists_one(w, w.{key} == v.{key}))",
+                f"volume {key}s must be unique in each pod",
+                {
+                    "fieldPath": ".volumes",
+                    "messageExpression": f"'volume {key}s must be unique in each pod; used twice: ' + "
+                    f"self.volumes.filter(v, !self.volumes.exists_one(w, w.{key} == v.{key})).map(v, v.{key}).join(', ')",
+                },
+            )
+            for key in ("name", "mountPath")
+        ],
+    ]
+
+    def check(self, path: str) -> list[str]:
+        errs: list[str] = []
+        seen: set[str] = set()
+        for i, env in enumerate(self.env):
+            if env.name in seen:
+                errs.append(f"{path}.env[{i}].name: {env.name!r} is defined twice")
+            seen.add(env.name)
+        errs.extend(_volume_conflicts(self.volumes, f"{path}.volumes"))
+        return errs
+
+
+def _volume_conflicts(volumes: list[VolumeSpec], where: str) -> list[str]:
+    """Two volumes of one pod with the same name or mount path."""
+    errs: list[str] = []
+    names: dict[str, int] = {}
+    paths: dict[str, int] = {}
+    for i, v in enumerate(volumes):
+        if v.name in names:
+            errs.append(f"{where}[{i}].name: {v.name!r} is already the name of {where}[{names[v.name]}]")
+        if v.mount_path in paths:
+            errs.append(
+                f"{where}[{i}].mountPath: {v.mount_path!r} is already the mount path of {where}[{paths[v.mount_path]}]"
+            )
+        names.setdefault(v.name, i)
+        paths.setdefault(v.mount_path, i)
+    return errs
+
+
+@dataclass
+class ImagePullSecretSpec:
+    """A Secret of type kubernetes.io/dockerconfigjson in the job's namespace (core/v1 LocalObjectReference)."""
+
+    name: str = _f(doc="Name of the Secret.", pattern=DNS_SUBDOMAIN_RE, valid=DNS_SUBDOMAIN)
 
 
 @dataclass
 class ResourcesSpec:
     """Resources of each pod of a role."""
 
-    gpus: int = _f(0, doc="`nvidia.com/gpu` per pod (requests = limits).", minimum=0)
+    gpus: int = _f(
+        0,
+        doc="`nvidia.com/gpu` per pod (requests = limits), and what the role's ranks ask Ray for: actor, "
+        "critic, reference and reward run one rank per GPU (a pod with N GPUs runs N ranks); a rollout pod "
+        "runs one engine over all of its GPUs. 0: CPU.",
+        minimum=0,
+    )
     cpu: str = _f("1", doc="CPU request per pod (Kubernetes quantity).", pattern=QUANTITY_RE)
     memory: str = _f(
         "4Gi", doc="Memory request and limit per pod (Kubernetes quantity).", pattern=QUANTITY_RE
     )
     shm: str = _f("1Gi", doc="Size of the memory-backed /dev/shm.", pattern=QUANTITY_RE)
+    ephemeral_storage: str | None = _f(
+        None,
+        doc=f"`ephemeral-storage` request per pod: the node disk behind {POD_TMP_DIR}, the default "
+        f"{POD_WORKSPACE_DIR}, emptyDir volumes and logs (Kubernetes quantity); unset: none.",
+        pattern=QUANTITY_RE,
+    )
+    devices: dict[str, int] = _f(
+        {},
+        doc="Extended resources per pod, requests = limits: network or other devices a device plugin "
+        "advertises, e.g. `rdma/hca: 1` or `vpc.amazonaws.com/efa: 4` (GPUs go in `gpus`).",
+        check=_check_devices,
+    )
 
 
 @dataclass
@@ -281,6 +1025,11 @@ class RoleSpec:
     node_pool: str | None = _f(
         None, doc="Name of an entry of `nodePools` to place the pods on.", immutable=True
     )
+    pod: PodSettingsSpec = _f(
+        PodSettingsSpec,
+        doc="Env, labels, annotations and volumes of this role's pods, added to `spec.pod`'s (cluster only).",
+        cluster_only=True,
+    )
 
 
 @dataclass
@@ -296,12 +1045,29 @@ class RolloutRoleSpec:
     node_pool: str | None = _f(
         None, doc="Name of an entry of `nodePools` to place the pods on.", immutable=True
     )
+    pod: PodSettingsSpec = _f(
+        PodSettingsSpec,
+        doc="Env, labels, annotations and volumes of the rollout pods, added to `spec.pod`'s (cluster only).",
+        cluster_only=True,
+    )
 
-    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
-        ("self.minReplicas <= self.maxReplicas", "rollout.minReplicas must be <= rollout.maxReplicas"),
+    CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [
+        (
+            "self.minReplicas <= self.maxReplicas",
+            "rollout.minReplicas must be <= rollout.maxReplicas",
+            {
+                "fieldPath": ".minReplicas",
+                "messageExpression": "'rollout.minReplicas must be <= rollout.maxReplicas (' + string(self.maxReplicas) + ')'",
+            },
+        ),
         (
             "self.replicas >= self.minReplicas && self.replicas <= self.maxReplicas",
             "rollout.replicas must lie in [minReplicas, maxReplicas]",
+            {
+                "fieldPath": ".replicas",
+                "messageExpression": "'rollout.replicas must lie in [minReplicas, maxReplicas] = [' + "
+                "string(self.minReplicas) + ', ' + string(self.maxReplicas) + ']'",
+            },
         ),
     ]
 
@@ -340,6 +1106,37 @@ class NodePoolSpec:
 
 
 @dataclass
+class ControllerResourcesSpec:
+    """Resources of the controller pod (the Ray head and the single controller loop; no GPUs)."""
+
+    cpu: str = _f("1", doc="CPU request (Kubernetes quantity).", pattern=QUANTITY_RE)
+    memory: str = _f("2Gi", doc="Memory request and limit (Kubernetes quantity).", pattern=QUANTITY_RE)
+    shm: str = _f("1Gi", doc="Size of the memory-backed /dev/shm (Ray's object store).", pattern=QUANTITY_RE)
+    ephemeral_storage: str | None = _f(
+        None,
+        doc=f"`ephemeral-storage` request: the node disk behind {POD_TMP_DIR}, the default "
+        f"{POD_WORKSPACE_DIR}, emptyDir volumes and logs (Kubernetes quantity); unset: none.",
+        pattern=QUANTITY_RE,
+    )
+
+
+@dataclass
+class ControllerSpec:
+    """The controller pod: Ray head plus the single controller that runs the dataflow (cluster only)."""
+
+    resources: ControllerResourcesSpec = _f(
+        ControllerResourcesSpec, doc="Resources of the controller pod.", immutable=True
+    )
+    node_pool: str | None = _f(
+        None, doc="Name of an entry of `nodePools` to place the controller pod on.", immutable=True
+    )
+    pod: PodSettingsSpec = _f(
+        PodSettingsSpec,
+        doc="Env, labels, annotations and volumes of the controller pod, added to `spec.pod`'s.",
+    )
+
+
+@dataclass
 class SchedulingSpec:
     """Gang scheduling and queueing."""
 
@@ -359,6 +1156,85 @@ class SchedulingSpec:
     )
 
 
+#: Why a pod of the training gang stopped counting, as `failurePolicy.rules[].onReasons` names it
+#: (the operator's `failure_policy.py` sorts every failure into one of these).
+FailureReason = Literal[
+    "NodeLost",
+    "Evicted",
+    "Preempted",
+    "PodDeletedByUser",
+    "ContainerExitCode",
+    "OOMKilled",
+    "ImagePullFailed",
+    "PodStartFailed",
+    "PodStartTimeout",
+    "WorkerExited",
+    "PodFailed",
+]
+FAILURE_REASONS: tuple[str, ...] = get_args(FailureReason)
+FailureAction = Literal["RestartGang", "RestartGangNoCount", "FailJob"]
+FAILURE_ACTIONS: tuple[str, ...] = get_args(FailureAction)
+
+
+#: The spec paths of the pods a job places (each role's, and the controller's): rules that
+#: apply to every one of them are generated per path.
+_PLACED_PODS = (
+    "roles.actor",
+    "roles.critic",
+    "roles.reference",
+    "roles.reward",
+    "roles.rollout",
+    "controller",
+)
+
+
+def _check_exit_codes(codes: list[int], path: str) -> list[str]:
+    bad = [c for c in codes if not 1 <= c <= 255]
+    return [f"{path}: {bad!r} out of range; exit codes are 1 to 255"] if bad else []
+
+
+@dataclass
+class FailurePolicyRuleSpec:
+    """A failure-policy rule: what a failure of the training gang whose reason is in `onReasons`
+    does. Rules are tried in order and the first that matches decides; a failure no rule matches
+    restarts the gang (counted), except ImagePullFailed, which fails the job."""
+
+    action: FailureAction = _f(
+        doc="RestartGang: restart the gang from the last checkpoint, counted against maxRestarts; "
+        "RestartGangNoCount: restart it without counting (e.g. preemption, node loss); "
+        "FailJob: fail the job at once."
+    )
+    on_reasons: list[FailureReason] = _f(
+        [],
+        doc="Failure reasons the rule matches (empty: every reason): NodeLost (the pod's node went "
+        "away, or the pod vanished), Evicted (node pressure, a drain), Preempted (by the scheduler), "
+        "PodDeletedByUser (deleted without a disruption reason), ContainerExitCode (a container exited "
+        "non-zero, see exitCodes), OOMKilled, ImagePullFailed, PodStartFailed, PodStartTimeout, "
+        "WorkerExited (a worker pod exited 0 before the controller), PodFailed (anything else).",
+    )
+    exit_codes: list[int] = _f(
+        [],
+        doc="With ContainerExitCode in onReasons: only these exit codes (1-255) match; empty: any.",
+        check=_check_exit_codes,
+    )
+
+    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
+        (
+            "size(self.exitCodes) == 0 || 'ContainerExitCode' in self.onReasons",
+            "failurePolicy.rules[].exitCodes needs ContainerExitCode in onReasons",
+        ),
+        (
+            "self.exitCodes.all(c, c >= 1 && c <= 255)",
+            "failurePolicy.rules[].exitCodes: exit codes are 1 to 255",
+        ),
+    ]
+
+    def check(self, path: str) -> list[str]:
+        if self.exit_codes and "ContainerExitCode" not in self.on_reasons:
+            return [f"{path}.exitCodes: needs ContainerExitCode in {path}.onReasons (it filters that reason)"]
+        return []
+
+
 @dataclass
 class FailurePolicySpec:
     """Restarts of the training gang."""
@@ -368,6 +1244,11 @@ class FailurePolicySpec:
     )
     backoff_seconds: int = _f(10, doc="First restart delay; doubled after each restart.", minimum=0)
     max_backoff_seconds: int = _f(300, doc="Upper bound of the restart delay.", minimum=0)
+    rules: list[FailurePolicyRuleSpec] = _f(
+        [],
+        doc="Per-reason actions, tried in order (the first match decides): restart counted, restart "
+        "not counted against maxRestarts, or fail the job.",
+    )
 
 
 @dataclass
@@ -416,6 +1297,7 @@ class JobSpec:
     checkpoint: CheckpointSpec = _f(CheckpointSpec, doc="Checkpoints.")
     output: OutputSpec = _f(OutputSpec, doc="Logs, metrics and report.")
     roles: RolesSpec = _f(RolesSpec, doc="Roles, replicas and placement.")
+    eval: EvalSpec | None = _f(None, doc="Evaluation on held-out prompts (absent: none).")
     pipeline: str | None = _f(
         None,
         doc="Import path `package.module:build` of a function returning a custom DataStream.",
@@ -425,6 +1307,25 @@ class JobSpec:
     image: str = _f(
         "ghcr.io/rlhf-operator/trainer:0.1.0",
         doc="Trainer container image (cluster only).",
+        cluster_only=True,
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = _f(
+        None,
+        doc="imagePullPolicy of every pod's container; unset: Kubernetes' default (Always for a `:latest` "
+        "tag, otherwise IfNotPresent) (cluster only).",
+        cluster_only=True,
+    )
+    image_pull_secrets: list[ImagePullSecretSpec] = _f(
+        [], doc="Secrets every pod pulls the image with (cluster only).", cluster_only=True
+    )
+    pod: PodSettingsSpec = _f(
+        PodSettingsSpec,
+        doc="Env, labels, annotations and volumes of every pod of the job, the controller's included (cluster only).",
+        cluster_only=True,
+    )
+    controller: ControllerSpec = _f(
+        ControllerSpec,
+        doc="The controller pod's resources, node pool and settings (cluster only).",
         cluster_only=True,
     )
     node_pools: list[NodePoolSpec] = _f(
@@ -447,36 +1348,102 @@ class JobSpec:
         cluster_only=True,
     )
 
-    # The CRD's counterparts of `validate` (the API server enforces them; messages name the field).
-    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
+    # The CRD's counterparts of `validate` (the API server enforces them; `rlhf validate` evaluates
+    # the same rules, see `admission`). `fieldPath` makes the message name the field.
+    CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [
         (
             "self.roles.actor.replicas >= 1",
             "spec.roles.actor.replicas must be >= 1 (the actor trains the policy)",
+            {"fieldPath": ".roles.actor.replicas"},
         ),
         (
-            "self.nodePools.all(p, self.nodePools.exists_one(q, q.name == p.name))",
+            "!has(self.nodePools) || self.nodePools.all(p, self.nodePools.exists_one(q, q.name == p.name))",
             "spec.nodePools: names must be unique",
+            {"fieldPath": ".nodePools"},
         ),
         *[
             (
-                f"!has(self.roles.{role}.nodePool) || self.nodePools.exists(p, p.name == self.roles.{role}.nodePool)",
-                f"spec.roles.{role}.nodePool must name an entry of spec.nodePools",
+                f"!has(self.{where}.nodePool)"
+                f" || (has(self.nodePools) && self.nodePools.exists(p, p.name == self.{where}.nodePool))",
+                f"spec.{where}.nodePool must name an entry of spec.nodePools",
+                {
+                    "fieldPath": f".{where}.nodePool",
+                    "messageExpression": f"'spec.{where}.nodePool must name an entry of spec.nodePools: \"' + "
+                    f"self.{where}.nodePool + '\" is not one; valid: ' + (has(self.nodePools) && "
+                    "size(self.nodePools) > 0 ? self.nodePools.map(p, p.name).join(', ') : 'none defined')",
+                },
             )
-            for role in ("actor", "critic", "reference", "reward", "rollout")
+            for where in _PLACED_PODS
         ],
         (
             "self.training.miniBatchSize == 0 || (self.training.promptsPerStep * self.rollout.samplesPerPrompt)"
             " % self.training.miniBatchSize == 0",
             "spec.training.miniBatchSize must divide promptsPerStep × samplesPerPrompt",
+            {
+                "fieldPath": ".training.miniBatchSize",
+                "messageExpression": "'spec.training.miniBatchSize must divide promptsPerStep × samplesPerPrompt = ' + "
+                "string(self.training.promptsPerStep * self.rollout.samplesPerPrompt) + ' responses (0: the whole batch)'",
+            },
         ),
         (
             "self.rollout.engine != 'vllm' || self.roles.placement != 'disaggregated'"
             " || self.roles.rollout.resources.gpus >= 1",
-            "spec.rollout.engine: vllm needs spec.roles.rollout.resources.gpus >= 1",
+            "spec.rollout.engine: vllm needs spec.roles.rollout.resources.gpus >= 1 (or engine: hf)",
+            {"fieldPath": ".rollout.engine"},
         ),
+        (
+            "self.rollout.engine != 'vllm' || (self.roles.placement == 'disaggregated' ? "
+            "self.roles.rollout.resources.gpus : self.roles.actor.resources.gpus) < 1 || "
+            "self.rollout.tensorParallelSize <= (self.roles.placement == 'disaggregated' ? "
+            "self.roles.rollout.resources.gpus : self.roles.actor.resources.gpus)",
+            "spec.rollout.tensorParallelSize must be <= the GPUs of the pod that runs the engine",
+            {
+                "fieldPath": ".rollout.tensorParallelSize",
+                "messageExpression": "'spec.rollout.tensorParallelSize must be <= the GPUs of the pod that runs the "
+                "engine (' + (self.roles.placement == 'disaggregated' ? 'spec.roles.rollout.resources.gpus = ' + "
+                "string(self.roles.rollout.resources.gpus) : 'spec.roles.actor.resources.gpus = ' + "
+                "string(self.roles.actor.resources.gpus)) + ')'",
+            },
+        ),
+        (
+            "!(self.algorithm.name in ['grpo', 'rloo']) || has(self.algorithm.params.advantageEstimator)"
+            " || self.rollout.samplesPerPrompt >= 2",
+            "spec.rollout.samplesPerPrompt must be >= 2 for a group-relative algorithm (grpo, rloo): "
+            "a group of one has no baseline",
+            {"fieldPath": ".rollout.samplesPerPrompt"},
+        ),
+        (
+            "self.algorithm.name != 'online_dpo' || self.rollout.samplesPerPrompt == 2",
+            "spec.rollout.samplesPerPrompt must be 2 for online_dpo (one pair per prompt)",
+            {"fieldPath": ".rollout.samplesPerPrompt"},
+        ),
+        (
+            "!(self.algorithm.name in ['ppo', 'dynamic_kl_ppo']) || self.roles.critic.replicas >= 1",
+            "spec.roles.critic.replicas must be >= 1 for ppo and dynamic_kl_ppo (they train a critic)",
+            {"fieldPath": ".roles.critic.replicas"},
+        ),
+        *[
+            (
+                f"self.{where}.pod.volumes.all(v, !self.pod.volumes.exists(w, w.{key} == v.{key}))",
+                f"spec.{where}.pod.volumes: a {key} already used by spec.pod.volumes",
+                {
+                    "fieldPath": f".{where}.pod.volumes",
+                    "messageExpression": f"'spec.{where}.pod.volumes: ' + self.{where}.pod.volumes.filter(v, "
+                    f"self.pod.volumes.exists(w, w.{key} == v.{key})).map(v, v.{key}).join(', ') + "
+                    f"' already used as a volume {key} in spec.pod.volumes'",
+                },
+            )
+            for where in _PLACED_PODS
+            for key in ("name", "mountPath")
+        ],
         (
             "self.failurePolicy.maxBackoffSeconds >= self.failurePolicy.backoffSeconds",
             "spec.failurePolicy.maxBackoffSeconds must be >= backoffSeconds",
+            {
+                "fieldPath": ".failurePolicy.maxBackoffSeconds",
+                "messageExpression": "'spec.failurePolicy.maxBackoffSeconds must be >= backoffSeconds (' + "
+                "string(self.failurePolicy.backoffSeconds) + ')'",
+            },
         ),
     ]
 
@@ -492,7 +1459,7 @@ class JobSpec:
         ro = self.roles.rollout
         if ro.min_replicas > ro.max_replicas:
             errs.append(
-                f"spec.roles.rollout: minReplicas ({ro.min_replicas}) must be <= maxReplicas ({ro.max_replicas})"
+                f"spec.roles.rollout.minReplicas: {ro.min_replicas} must be <= maxReplicas ({ro.max_replicas})"
             )
         elif not ro.min_replicas <= ro.replicas <= ro.max_replicas:
             errs.append(
@@ -505,13 +1472,17 @@ class JobSpec:
         pools = {p.name for p in self.node_pools}
         if len(pools) != len(self.node_pools):
             errs.append("spec.nodePools: names must be unique")
-        for role in ("actor", "critic", "reference", "reward", "rollout"):
-            pool = getattr(self.roles, role).node_pool
+        for role in (CONTROLLER_ROLE, *ROLES):
+            pool = (
+                self.controller.node_pool if role == CONTROLLER_ROLE else getattr(self.roles, role).node_pool
+            )
             if pool is not None and pool not in pools:
                 valid = ", ".join(sorted(pools)) or "none defined"
                 errs.append(
-                    f"spec.roles.{role}.nodePool: {pool!r} is not a name in spec.nodePools (defined: {valid})"
+                    f"{self.settings_path(role).rsplit('.', 1)[0]}.nodePool: {pool!r} is not a name in "
+                    f"spec.nodePools (defined: {valid})"
                 )
+            errs.extend(self._pod_volume_conflicts(role))
         t = self.training
         batch = t.prompts_per_step * self.rollout.samples_per_prompt
         mini = t.mini_batch_size or batch
@@ -531,6 +1502,292 @@ class JobSpec:
         if self.failure_policy.max_backoff_seconds < self.failure_policy.backoff_seconds:
             errs.append("spec.failurePolicy.maxBackoffSeconds: must be >= backoffSeconds")
         return errs
+
+    # -- pods (the operator builds them from these; `cluster_storage_findings` checks them) --------
+
+    def settings_path(self, role: str) -> str:
+        """Manifest path of the pod settings of `role`'s pods (`controller` for the controller pod)."""
+        return "spec.controller.pod" if role == CONTROLLER_ROLE else f"spec.roles.{role}.pod"
+
+    def pod_settings(self, role: str) -> list[tuple[str, PodSettingsSpec]]:
+        """What is added to `role`'s pods, in the order it applies: `spec.pod`, then the role's own."""
+        own = self.controller.pod if role == CONTROLLER_ROLE else getattr(self.roles, role).pod
+        return [("spec.pod", self.pod), (self.settings_path(role), own)]
+
+    def pod_volumes(self, role: str) -> list[VolumeSpec]:
+        """The volumes the spec mounts into `role`'s pods."""
+        return [v for _, settings in self.pod_settings(role) for v in settings.volumes]
+
+    def _pod_volume_conflicts(self, role: str) -> list[str]:
+        """A role's volume whose name or mount path `spec.pod` already uses (within one list, the
+        list's own check reports it)."""
+        (_, common), (where, own) = self.pod_settings(role)
+        errs: list[str] = []
+        for i, v in enumerate(own.volumes):
+            for j, w in enumerate(common.volumes):
+                if v.name == w.name:
+                    errs.append(
+                        f"{where}.volumes[{i}].name: {v.name!r} is already the name of spec.pod.volumes[{j}]"
+                    )
+                if v.mount_path == w.mount_path:
+                    errs.append(
+                        f"{where}.volumes[{i}].mountPath: {v.mount_path!r} is already the mount path of "
+                        f"spec.pod.volumes[{j}]"
+                    )
+        return errs
+
+
+# --------------------------------------------------------------------------------------------
+# Storage on a cluster: is every directory the trainer writes on a volume its writers share?
+# --------------------------------------------------------------------------------------------
+
+_HUB_ID_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+@dataclass(frozen=True)
+class PodMount:
+    """A directory of a pod's filesystem that is not its read-only root."""
+
+    path: str
+    volume: str
+    kind: str
+    writable: bool
+    #: What pods that mount it share: (kind, source, path inside the volume); None when every pod
+    #: gets its own (an emptyDir).
+    shared_as: tuple[str, str, str] | None
+
+    def location(self, path: str) -> tuple[str, str, str] | None:
+        """Where `path` (at or below this mount) lies in the volume, comparable across pods."""
+        if self.shared_as is None:
+            return None
+        kind, source, base = self.shared_as
+        return kind, source, posixpath.normpath(posixpath.join(base, posixpath.relpath(path, self.path)))
+
+
+def pod_mounts(spec: JobSpec, role: str) -> list[PodMount]:
+    """Every writable or mounted directory of `role`'s pods: the operator's own emptyDirs and
+    ConfigMap, and the spec's volumes (one at /tmp or /workspace replaces the operator's there)."""
+    user = spec.pod_volumes(role)
+    taken = {v.mount_path for v in user}
+    out = [
+        PodMount(POD_SHM_DIR, "dshm", "emptyDir", True, None),
+        PodMount(POD_SPEC_DIR, "spec", "configMap", False, ("configMap", "<job>-spec", ".")),
+    ]
+    for path, name in ((POD_TMP_DIR, "tmp"), (POD_WORKSPACE_DIR, "workspace")):
+        if path not in taken:
+            out.append(PodMount(path, name, "emptyDir", True, None))
+    for v in user:
+        source = {
+            "persistentVolumeClaim": v.persistent_volume_claim and v.persistent_volume_claim.claim_name,
+            "hostPath": v.host_path and v.host_path.path,
+            "configMap": v.config_map and v.config_map.name,
+            "secret": v.secret and v.secret.secret_name,
+        }.get(v.source_kind)
+        shared = None if source is None else (v.source_kind, str(source), v.sub_path or ".")
+        out.append(PodMount(v.mount_path, v.name, v.source_kind, v.writable, shared))
+    return out
+
+
+def pod_path(path: str) -> str:
+    """Where a spec path points inside a pod: `~` is the pod's HOME, a relative path lies below the
+    working directory (`rlhf controller` runs there)."""
+    if path == "~" or path.startswith("~/"):
+        path = POD_HOME_DIR + path[1:]
+    return posixpath.normpath(posixpath.join(POD_WORKSPACE_DIR, path))
+
+
+def _covering(mounts: list[PodMount], path: str) -> PodMount | None:
+    """The innermost mount holding `path`; None: the read-only root filesystem."""
+    inside = [m for m in mounts if path == m.path or path.startswith(m.path.rstrip("/") + "/")]
+    return max(inside, key=lambda m: len(m.path), default=None)
+
+
+def _pods_phrase(roles: list[str], counts: dict[str, int]) -> str:
+    names = [f"{r} pod" + ("s" if counts[r] > 1 else "") for r in roles]
+    return "the " + (names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1])
+
+
+@dataclass
+class StorageFindings:
+    """`errors`: the job cannot work on a cluster as written; `warnings`: it may not (the checks
+    are static: they see the spec, not the cluster's storage classes or nodes)."""
+
+    errors: list[str]
+    warnings: list[str]
+
+
+def cluster_storage_findings(spec: JobSpec, job_name: str) -> StorageFindings:
+    """Check, from the spec alone, that the directories the trainer writes on a cluster lie on
+    volumes that the pods writing them share, and that what they read is where they can see it.
+
+    Writers: the run directory (`output.dir`) is written by the controller pod; the checkpoint
+    directory by the controller pod and rank 0 of the actor and critic pods. Readers: the model by
+    every training and rollout pod, the prompts by the controller pod, a reward model by the reward pods."""
+    counts = _pod_counts(spec)
+    out = StorageFindings([], [])
+    try:
+        run_dir = spec.output.dir.format(name=job_name)
+    except (KeyError, IndexError, ValueError):
+        run_dir = spec.output.dir
+    run_where = pod_path(run_dir)
+    _check_written(spec, counts, "spec.output.dir", run_dir, run_where, [CONTROLLER_ROLE], out)
+    writers = [r for r in (CONTROLLER_ROLE, "actor", "critic") if counts.get(r)]
+    if spec.checkpoint.dir is None:
+        ckpt = posixpath.join(run_where, "checkpoints")
+        _check_written(spec, counts, "spec.checkpoint.dir", "<output.dir>/checkpoints", ckpt, writers, out)
+    else:
+        ckpt = pod_path(spec.checkpoint.dir)
+        _check_written(spec, counts, "spec.checkpoint.dir", spec.checkpoint.dir, ckpt, writers, out)
+    model_readers = [r for r in (CONTROLLER_ROLE, "actor", "critic", "reference", "rollout") if counts.get(r)]
+    read: list[tuple[str, str | None, list[str]]] = [
+        ("spec.model.path", spec.model.path, model_readers),
+        ("spec.model.tokenizer", spec.model.tokenizer, model_readers),
+        ("spec.model.criticPath", spec.model.critic_path, [r for r in ("critic",) if counts.get(r)]),
+        ("spec.data.path", spec.data.path, [CONTROLLER_ROLE]),
+        ("spec.eval.path", spec.eval.path if spec.eval else None, [CONTROLLER_ROLE]),
+        (
+            "spec.reward.model.path",
+            spec.reward.model.path if spec.reward.model else None,
+            [r for r in ("reward",) if counts.get(r)],
+        ),
+    ]
+    for field_path, value, readers in read:
+        if value is not None and readers:
+            _check_read(spec, counts, field_path, value, readers, out)
+    return out
+
+
+def _pod_counts(spec: JobSpec) -> dict[str, int]:
+    """Pods per role, as the operator creates them (rollout pods only when disaggregated)."""
+    counts = {CONTROLLER_ROLE: 1}
+    for role in ROLES:
+        n = getattr(spec.roles, role).replicas
+        if role == "rollout" and spec.roles.placement != "disaggregated":
+            n = 0
+        if role == "reference" and reference_in_actor(spec):
+            n = 0
+        if n:
+            counts[role] = n
+    return counts
+
+
+def reference_in_actor(spec: JobSpec) -> bool:
+    """With LoRA (`spec.model.lora`) the reference policy is the actor's base model with its
+    adapters disabled: the job runs no reference role (no pods, no workers), whatever
+    `spec.roles.reference.replicas` says. The operator and the controller both ask this."""
+    return spec.model.lora is not None
+
+
+def _check_written(
+    spec: JobSpec,
+    counts: dict[str, int],
+    field_path: str,
+    given: str,
+    where: str,
+    writers: list[str],
+    out: StorageFindings,
+) -> None:
+    shown = repr(given) if given == where else f"{given!r} ({where} in the pods)"
+    at = {role: _covering(pod_mounts(spec, role), where) for role in writers}
+    pods = sum(counts[r] for r in writers)
+    fix = f"mount a volume at or above {where} in spec.pod.volumes" + (
+        " (a persistentVolumeClaim with access mode ReadWriteMany, so that they all see it)"
+        if pods > 1
+        else ""
+    )
+    on_root = [r for r, m in at.items() if m is None]
+    if on_root:
+        out.errors.append(
+            f"{field_path}: {shown} is on the read-only root filesystem of {_pods_phrase(on_root, counts)}; {fix}"
+        )
+        return
+    mounts = {r: m for r, m in at.items() if m is not None}
+    read_only = [r for r, m in mounts.items() if not m.writable]
+    if read_only:
+        m = mounts[read_only[0]]
+        out.errors.append(
+            f"{field_path}: {shown} is on the read-only volume {m.volume!r} ({m.kind}) of "
+            f"{_pods_phrase(read_only, counts)}; {fix}"
+        )
+        return
+    private = [r for r, m in mounts.items() if m.shared_as is None]
+    if pods > 1 and private:
+        m = mounts[private[0]]
+        out.errors.append(
+            f"{field_path}: {shown} is on the emptyDir {m.volume!r} of {_pods_phrase(private, counts)}: every pod "
+            f"has its own, so the files one of them writes there are invisible to the others; {fix}"
+        )
+        return
+    places = {r: m.location(where) for r, m in mounts.items()}
+    if len(set(places.values())) > 1:
+        detail = "; ".join(f"{r}: volume {mounts[r].volume!r} ({mounts[r].kind})" for r in places)
+        out.errors.append(
+            f"{field_path}: {shown} is on different volumes in {_pods_phrase(writers, counts)} ({detail}); "
+            "mount the same volume there in all of them (spec.pod.volumes)"
+        )
+        return
+    m = next(iter(mounts.values()))
+    if m.shared_as is None:
+        out.warnings.append(
+            f"{field_path}: {shown} is on the emptyDir {m.volume!r} of {_pods_phrase(writers, counts)}: it is lost "
+            f"when the pod is replaced (a gang restart); mount a volume at or above {where} in spec.pod.volumes to keep it"
+        )
+    elif m.kind == "hostPath":
+        who = (
+            f"{_pods_phrase(writers, counts)} see the same files only while they run on the same node"
+            if pods > 1
+            else f"{_pods_phrase(writers, counts)} finds them again after a restart only on the same node"
+        )
+        out.warnings.append(
+            f"{field_path}: {shown} is on the hostPath volume {m.volume!r}: {who}; a persistentVolumeClaim "
+            "(ReadWriteMany) does not depend on that"
+        )
+
+
+def _check_read(
+    spec: JobSpec,
+    counts: dict[str, int],
+    field_path: str,
+    value: str,
+    readers: list[str],
+    out: StorageFindings,
+) -> None:
+    if (
+        field_path not in ("spec.data.path", "spec.eval.path")
+        and not value.startswith(("/", "~", "."))
+        and re.match(_HUB_ID_RE, value)
+    ):
+        return  # a model `org/name` is a hub id unless the working directory holds it (a volume, then)
+    where = pod_path(value)
+    at = {role: _covering(pod_mounts(spec, role), where) for role in readers}
+    empty = [r for r, m in at.items() if m is not None and m.shared_as is None]
+    shown = repr(value) if value == where else f"{value!r} ({where} in the pods)"
+    if empty:
+        m = at[empty[0]]
+        assert m is not None
+        made = (
+            "; spec.model.bootstrap would create it in the controller pod only"
+            if field_path == "spec.model.path" and spec.model.bootstrap
+            else ""
+        )
+        out.warnings.append(
+            f"{field_path}: {shown} is on the emptyDir {m.volume!r} of {_pods_phrase(empty, counts)}, which starts "
+            f"empty{made}; put it on a volume (spec.pod.volumes) or in the image"
+        )
+        return
+    places = {r: (m.location(where) if m else None) for r, m in at.items()}
+    if len(set(places.values())) > 1:
+        missing = [r for r, p in places.items() if p is None]
+        if missing:
+            out.warnings.append(
+                f"{field_path}: {shown} is on a volume in some pods but on the image's filesystem in "
+                f"{_pods_phrase(missing, counts)}, which read it too; mount the volume there as well (spec.pod.volumes)"
+            )
+        else:
+            out.warnings.append(
+                f"{field_path}: {shown} is on different volumes in {_pods_phrase(readers, counts)}; "
+                "they may not read the same files"
+            )
 
 
 @dataclass
@@ -630,13 +1887,22 @@ def _check_bounds(value: Any, path: str, errs: list[str], meta: dict[str, Any]) 
         errs.append(f"{path}: {value!r} must be greater than {meta['exclusive_minimum']}")
     if "maximum" in meta and value > meta["maximum"]:
         errs.append(f"{path}: {value!r} is above the maximum {meta['maximum']}")
+    if "max_length" in meta and len(value) > meta["max_length"]:
+        errs.append(f"{path}: {len(value)} characters is too long; valid: at most {meta['max_length']}")
+    if "min_length" in meta and len(value) < meta["min_length"]:
+        errs.append(f"{path}: {value!r} is too short; valid: at least {meta['min_length']} character(s)")
     if "pattern" in meta and isinstance(value, str) and not re.match(meta["pattern"], value):
-        errs.append(f"{path}: {value!r} does not match {meta['pattern']}")
+        valid = meta.get("valid") or PATTERN_HINTS.get(meta["pattern"])
+        if valid:
+            errs.append(f"{path}: {value!r} is not valid; valid: {valid}")
+        else:
+            errs.append(f"{path}: {value!r} does not match {meta['pattern']}")
 
 
 def _build(cls: Any, data: dict[str, Any], path: str, errs: list[str]) -> Any:
     hints = _hints(cls)
     fields = {camel(f.name): f for f in dataclasses.fields(cls)}
+    before = len(errs)
     for key in data:
         if key not in fields:
             errs.append(f"{path}.{key}: unknown field; valid fields: {', '.join(fields)}")
@@ -644,13 +1910,20 @@ def _build(cls: Any, data: dict[str, Any], path: str, errs: list[str]) -> Any:
     for key, f in fields.items():
         sub = f"{path}.{key}"
         if key in data:
+            n = len(errs)
             kwargs[f.name] = _convert(hints[f.name], data[key], sub, errs, dict(f.metadata))
+            if "check" in f.metadata and len(errs) == n:
+                errs.extend(f.metadata["check"](kwargs[f.name], sub))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             errs.append(f"{sub}: required field is missing ({f.metadata.get('doc', '')})")
     try:
-        return cls(**kwargs)
+        obj = cls(**kwargs)
     except TypeError:
         return None  # missing required fields, already reported
+    # A section's own cross-field rules (`check(path)`), once its fields are individually valid.
+    if len(errs) == before and hasattr(obj, "check"):
+        errs.extend(obj.check(path))
+    return obj
 
 
 def parse_spec(spec: dict[str, Any], path: str = "spec") -> JobSpec:
@@ -666,11 +1939,19 @@ def parse_spec(spec: dict[str, Any], path: str = "spec") -> JobSpec:
     return typing.cast(JobSpec, job)
 
 
-def parse_job(doc: dict[str, Any]) -> RLTrainingJob:
-    """Validate a whole RLTrainingJob object (as read from YAML or the API server)."""
+def parse_job(doc: dict[str, Any], old: dict[str, Any] | None = None) -> RLTrainingJob:
+    """Validate a whole RLTrainingJob object (as read from YAML or the API server).
+
+    First the CRD's own schema and CEL rules, as the API server applies them (`admission`; `old`:
+    the stored object, for an update), then the typed spec is built from the defaulted object,
+    with the finer checks of this module."""
     errs = []
     if not isinstance(doc, dict):
         raise SpecError([f"manifest: expected a mapping, got {type(doc).__name__}"])
+    from rlhf_trainer import admission
+
+    # As the API server: a null where the schema allows none is dropped (then defaulted).
+    doc = admission.prune_nulls(admission.job_schema_cached(), doc)
     if doc.get("apiVersion") != API_VERSION:
         errs.append(f"apiVersion: {doc.get('apiVersion')!r} is not valid; expected {API_VERSION!r}")
     if doc.get("kind") != KIND:
@@ -689,6 +1970,10 @@ def parse_job(doc: dict[str, Any]) -> RLTrainingJob:
         spec = parse_spec(doc.get("spec"))  # type: ignore[arg-type]
     except SpecError as err:
         errs.extend(err.errors)
+    if not errs:
+        # The CRD's own schema and rules, evaluated as the API server does: whatever it refuses
+        # is refused here too, even where the checks above have nothing to say.
+        _, errs = admission.admit(doc, old)
     if errs or spec is None:
         raise SpecError(errs)
     return RLTrainingJob(
@@ -696,8 +1981,8 @@ def parse_job(doc: dict[str, Any]) -> RLTrainingJob:
     )
 
 
-def load_manifest(path: str | Path) -> RLTrainingJob:
-    """Read a YAML file holding one RLTrainingJob. Raises SpecError with every problem found."""
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """The one RLTrainingJob document of a YAML file, as a mapping. Raises SpecError."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -710,7 +1995,13 @@ def load_manifest(path: str | Path) -> RLTrainingJob:
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND]
     if len(jobs) != 1:
         raise SpecError([f"{p}: expected exactly one {KIND} document, found {len(jobs)}"])
-    return parse_job(jobs[0])
+    return typing.cast(dict[str, Any], jobs[0])
+
+
+def load_manifest(path: str | Path, old: str | Path | None = None) -> RLTrainingJob:
+    """Read a YAML file holding one RLTrainingJob. Raises SpecError with every problem found.
+    `old`: a manifest of the job as it exists, to check `path` as an update of it (immutable fields)."""
+    return parse_job(read_manifest(path), read_manifest(old) if old is not None else None)
 
 
 def to_dict(obj: Any) -> Any:
@@ -737,7 +2028,9 @@ def _schema_for(tp: Any, meta: dict[str, Any]) -> dict[str, Any]:
     inner, optional = _unwrap_optional(tp)
     out: dict[str, Any] = {}
     origin = get_origin(inner)
-    if meta.get("free_form"):
+    if "schema" in meta:
+        out = meta["schema"]()
+    elif meta.get("free_form"):
         out = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
         if origin is list:
             out = {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
@@ -766,11 +2059,70 @@ def _schema_for(tp: Any, meta: dict[str, Any]) -> dict[str, Any]:
         out["exclusiveMinimum"] = True
     if "maximum" in meta:
         out["maximum"] = meta["maximum"]
+    if "min_length" in meta:
+        out["minLength"] = meta["min_length"]
+    if "max_length" in meta:
+        out["maxLength"] = meta["max_length"]
     if "pattern" in meta:
-        out["pattern"] = meta["pattern"]
+        valid = meta.get("valid") or PATTERN_HINTS.get(meta["pattern"])
+        if valid:
+            # A rule rather than `pattern`, so that the API server's message says what is valid
+            # (an example) instead of showing the regular expression.
+            out["x-kubernetes-validations"] = [
+                {
+                    "rule": f"self.matches({_cel_string(meta['pattern'])})",
+                    "messageExpression": f"'\"' + self + '\" is not valid; valid: ' + {_cel_string(valid)}",
+                }
+            ]
+            # A bound on the string bounds the API server's cost estimate of the rule.
+            out["maxLength"] = _PATTERN_MAX_LENGTH.get(meta["pattern"], 1024)
+        else:
+            out["pattern"] = meta["pattern"]
+    # A field's own rules (`cel`: the CRD's counterparts of its Python `check`).
+    for rule, message_expression in meta.get("cel", ()):
+        out.setdefault("x-kubernetes-validations", []).append(
+            {"rule": rule, "messageExpression": message_expression}
+        )
     if optional and not dataclasses.is_dataclass(inner):
         out["nullable"] = True
     return out
+
+
+#: Longest value of each pattern (Kubernetes' own limits where it has them).
+_PATTERN_MAX_LENGTH = {
+    DNS_LABEL_RE: 63,
+    DNS_SUBDOMAIN_RE: 253,
+    QUANTITY_RE: 64,
+    ENV_NAME_RE: 256,
+    FIELD_PATH_RE: 320,
+    IMPORT_PATH_RE: 512,
+}
+
+
+def _cel_string(text: str) -> str:
+    """`text` as a single-quoted CEL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _cel_rule(entry: tuple[Any, ...]) -> dict[str, Any]:
+    """A `CEL_RULES` entry, `(rule, message)` or `(rule, message, {fieldPath, messageExpression})`."""
+    rule, message, *extra = entry
+    out = {"rule": rule, "message": message}
+    if extra:
+        out.update(extra[0])
+    return out
+
+
+def immutability_rule(key: str) -> dict[str, Any]:
+    """The parent's transition rule keeping `key` as it was at creation: set or unset alike, so
+    that adding or removing an optional field is a change too (a rule on the field itself would
+    be skipped whenever the old or the new value is absent)."""
+    return {
+        "rule": f"has(self.{key}) == has(oldSelf.{key}) && (!has(self.{key}) || self.{key} == oldSelf.{key})",
+        "message": f"{key} is immutable once the job exists (it may be neither changed, added nor "
+        "removed); delete and recreate the job to change it",
+        "fieldPath": f".{key}",
+    }
 
 
 def openapi_schema(cls: Any = JobSpec) -> dict[str, Any]:
@@ -778,6 +2130,7 @@ def openapi_schema(cls: Any = JobSpec) -> dict[str, Any]:
     hints = _hints(cls)
     props: dict[str, Any] = {}
     required: list[str] = []
+    immutable: list[str] = []
     for f in dataclasses.fields(cls):
         meta = dict(f.metadata)
         schema = _schema_for(hints[f.name], meta)
@@ -788,27 +2141,28 @@ def openapi_schema(cls: Any = JobSpec) -> dict[str, Any]:
             schema["default"] = f.default
         elif f.default_factory is not dataclasses.MISSING:
             default = to_dict(f.default_factory())
-            if default not in ({}, []) and not dataclasses.is_dataclass(hints[f.name]):
-                schema["default"] = default
-            elif dataclasses.is_dataclass(_unwrap_optional(hints[f.name])[0]):
+            # Every documented default is in the schema, empty lists and maps included, so that
+            # a rule may read the field of any stored job.
+            if dataclasses.is_dataclass(_unwrap_optional(hints[f.name])[0]):
                 schema["default"] = {}
+            elif not meta.get("free_form"):  # free-form: a rule can only ask whether it is set
+                schema["default"] = default
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             required.append(camel(f.name))
         if meta.get("immutable"):
-            schema.setdefault("x-kubernetes-validations", []).append(
-                {"rule": "self == oldSelf", "message": f"{camel(f.name)} is immutable once the job exists"}
-            )
+            immutable.append(camel(f.name))
         props[camel(f.name)] = schema
     out: dict[str, Any] = {
         "type": "object",
-        "description": (cls.__doc__ or "").strip().split("\n\n")[0],
+        "description": inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0],
         "properties": props,
     }
     if required:
         out["required"] = required
-    rules = getattr(cls, "CEL_RULES", [])
+    rules = [_cel_rule(r) for r in getattr(cls, "CEL_RULES", [])]
+    rules += [immutability_rule(key) for key in immutable]
     if rules:
-        out["x-kubernetes-validations"] = [{"rule": r, "message": m} for r, m in rules]
+        out["x-kubernetes-validations"] = rules
     return out
 
 
@@ -827,13 +2181,17 @@ def reference_markdown() -> str:
         "",
     ]
 
+    # A section shared by several fields (resources, pod settings) is documented at its first
+    # path, where the others point.
+    documented: dict[Any, str] = {}
+
     def section(cls: Any, path: str) -> None:
         hints = _hints(cls)
         lines.extend(
             [
                 f"## `{path}`",
                 "",
-                (cls.__doc__ or "").strip(),
+                inspect.cleandoc(cls.__doc__ or ""),
                 "",
                 "| field | type | default | description |",
                 "|---|---|---|---|",
@@ -843,6 +2201,9 @@ def reference_markdown() -> str:
         for f in dataclasses.fields(cls):
             tp, _ = _unwrap_optional(hints[f.name])
             key = camel(f.name)
+            item = get_args(tp)[0] if get_origin(tp) is list else tp
+            sub_path = f"{path}.{key}" + ("[]" if item is not tp else "")
+            seen_at = documented.get(item) if dataclasses.is_dataclass(item) else None
             if f.default is not dataclasses.MISSING:
                 default = "—" if f.default is None else f"`{json.dumps(f.default)}`"
             elif f.default_factory is not dataclasses.MISSING:
@@ -851,13 +2212,17 @@ def reference_markdown() -> str:
             else:
                 default = "**required**"
             doc = f.metadata["doc"] + (" *Immutable.*" if f.metadata.get("immutable") else "")
+            if seen_at is not None:
+                default = f"as `{seen_at}`" if default == "see below" else default
+                doc += f" Fields: as `{seen_at}`."
             lines.append(f"| `{key}` | {_describe(hints[f.name])} | {default} | {doc} |")
-            item = get_args(tp)[0] if get_origin(tp) is list else tp
-            if dataclasses.is_dataclass(item):
-                nested.append((item, f"{path}.{key}" + ("[]" if item is not tp else "")))
+            if dataclasses.is_dataclass(item) and seen_at is None:
+                documented[item] = sub_path
+                nested.append((item, sub_path))
         lines.append("")
         for sub, sub_path in nested:
             section(sub, sub_path)
 
     section(JobSpec, "spec")
+    lines.append(algorithm_params.reference_markdown())
     return "\n".join(lines).rstrip() + "\n"

@@ -27,3 +27,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The selector labels as `k=v,k=v` (RLHF_OPERATOR_POD_SELECTOR: the operator names its own
+pods in each job's NetworkPolicy). */}}
+{{- define "rlhf-operator.selectorString" -}}
+{{- $pairs := list -}}
+{{- range $k, $v := (include "rlhf-operator.selectorLabels" . | fromYaml) -}}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}

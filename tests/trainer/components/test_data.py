@@ -65,6 +65,9 @@ def test_chat_template_with_strings_and_message_lists(tmp_path: Path, tok: Any) 
     ds = PromptDataset(_spec(_jsonl(tmp_path / "c.jsonl", rows), chat_template=True), tok)
     assert [i.text for i in ds.items] == ["1+1=", "add\n2+2="]
     assert ds.items[0].ids == tok("1+1=", add_special_tokens=False).input_ids
+    # the messages before the policy's template travel with the prompt (the reward model's input)
+    assert [i.messages for i in ds.items] == [[{"role": "user", "content": "1+1="}], rows[1]["prompt"]]
+    assert PromptDataset(_spec(_jsonl(tmp_path / "e.jsonl", rows[:1])), tok).items[0].messages is None
     with pytest.raises(DataError, match="row 1: prompt is a list"):
         PromptDataset(_spec(_jsonl(tmp_path / "d.jsonl", rows)), tok)
 

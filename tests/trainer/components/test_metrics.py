@@ -83,6 +83,16 @@ def test_record_maps_flat_keys_to_series() -> None:
     assert "reward/scores" not in text  # lists are not series
 
 
+def test_the_last_evaluation_stays_on_the_gauge_between_evaluations() -> None:
+    m = StepMetrics(job="quickstart")
+    m.record(9, {**STEP, "eval/reward_mean": 0.625, "eval/step": 10.0, "eval/greedy/reward_mean": 0.625})
+    m.record(10, STEP)  # a step without an evaluation
+    text = m.exposition().decode()
+    assert _value(text, "rlhf_eval_reward_mean") == 0.625
+    assert _value(text, "rlhf_eval_step") == 10.0
+    assert _value(text, 'rlhf_metric{key="eval/greedy/reward_mean"}') == 0.625
+
+
 def test_non_finite_values_leave_the_gauge_alone() -> None:
     m = StepMetrics()
     m.record(1, {"reward/mean": 0.5})

@@ -70,3 +70,29 @@ def test_report_errors(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError, match="no step records"):
         write_report(tmp_path)
+
+
+def test_report_shows_the_evaluation_and_the_last_samples(tmp_path: Path) -> None:
+    run = _run(tmp_path, steps=6)
+    with JsonlLogger(run / "metrics.jsonl") as log:  # two more steps, each evaluated
+        for s, value in ((6, 0.375), (7, 0.625)):
+            log.log({"reward/mean": 0.5, "eval/reward_mean": value, "eval/greedy/reward_mean": value}, step=s)
+    with JsonlLogger(run / "samples.jsonl") as log:
+        for step in (6, 7):
+            log.log({"split": "train", "prompt": f"old {step}", "response": "r", "reward": 0.0}, step=step)
+        log.log({"split": "train", "prompt": "1+1=<b>", "response": "2", "reward": 1.0}, step=7)
+        log.log({"split": "eval/greedy", "prompt": "2+2=", "response": "5", "reward": None}, step=7)
+    page = write_report(run).read_text()
+    assert (run / "eval.png").read_bytes().startswith(b"\x89PNG")
+    assert "Evaluation reward" in page
+    assert "<th>first eval reward (step 6)</th><td>0.375</td>" in page
+    assert "<th>last eval reward (step 7)</th><td>0.625</td>" in page
+    assert "train samples, step 7" in page and "eval/greedy samples, step 7" in page
+    assert "1+1=&lt;b&gt;" in page  # escaped
+    assert "old 6" not in page and "old 7" in page  # the last step's rows only
+    assert "<td>failed</td>" in page  # a sample whose reward failed
+
+
+def test_report_without_evaluation_or_samples_has_neither(tmp_path: Path) -> None:
+    page = write_report(_run(tmp_path, steps=3)).read_text()
+    assert "eval" not in page and "samples, step" not in page

@@ -222,3 +222,82 @@ def test_reward_model_scorer_on_a_tiny_saved_model(tiny_rm_dir: Path) -> None:
     assert result.scores[0] == pytest.approx(1.0 + 0.5 * one[0], abs=1e-5)
     with pytest.raises(ValueError, match="cannot be loaded"):
         RewardModelScorer(str(tiny_rm_dir / "missing"))
+
+
+RM_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def chat_rm_dir(tiny_rm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny reward model with a tokenizer whose chat template marks each turn's role."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    path = tmp_path_factory.mktemp("chat-rm")
+    shutil.copytree(tiny_rm_dir, path, dirs_exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(tiny_rm_dir)
+    tok.chat_template = RM_TEMPLATE
+    tok.save_pretrained(path)
+    return path
+
+
+def _logit(scorer: RewardModelScorer, text: str, special: bool) -> float:
+    import torch
+
+    enc = scorer.tokenizer([text], return_tensors="pt", add_special_tokens=special)
+    with torch.no_grad():
+        return float(scorer.model(**enc).logits[0, 0])
+
+
+def test_reward_model_scores_through_its_chat_template(chat_rm_dir: Path) -> None:
+    """The old scorer read `prompt + response`; a chat reward model reads the conversation."""
+    scorer = RewardModelScorer(str(chat_rm_dir), batch_size=2)
+    texts, special = scorer.texts(PROMPTS[:2], ["2", "5"])
+    assert texts == ["<user>1+1=<assistant>2", "<user>2+2=<assistant>5"] and special is False
+    scores = scorer.compute_reward(PROMPTS[:2], ["2", "5"])
+    assert scores == pytest.approx([_logit(scorer, t, False) for t in texts], abs=1e-5)
+    assert scores[0] != pytest.approx(
+        _logit(scorer, "1+1=2", True), abs=1e-4
+    )  # the raw string scores differently
+    # the data's chat messages (system turn included) instead of the policy-rendered prompt
+    messages = [[{"role": "system", "content": "S"}, {"role": "user", "content": "1+1="}], None]
+    assert scorer.texts(["<policy-rendered>", "2+2="], ["2", "5"], messages)[0] == [
+        "<system>S<user>1+1=<assistant>2",
+        "<user>2+2=<assistant>5",
+    ]
+    spec = RewardSpec(model=RewardModelSpec(path=str(chat_rm_dir), batch_size=2))
+    result = CombinedReward.from_spec(spec).compute(
+        ["<policy-rendered>", "2+2="], ["2", "5"], messages=messages
+    )
+    assert result.per_reward["reward_model"] == pytest.approx(
+        [_logit(scorer, "<system>S<user>1+1=<assistant>2", False), scores[1]], abs=1e-5
+    )
+
+
+def test_reward_model_without_a_chat_template_scores_the_plain_text(tiny_rm_dir: Path) -> None:
+    scorer = RewardModelScorer(str(tiny_rm_dir))
+    scorer.tokenizer.chat_template = None
+    assert scorer.texts(PROMPTS[:1], ["2"]) == (["1+1=2"], True)
+    assert scorer.compute_reward(PROMPTS[:1], ["2"]) == pytest.approx(
+        [_logit(scorer, "1+1=2", True)], abs=1e-5
+    )
+
+
+def test_prompt_messages_reach_only_rewards_that_name_them(reward_module: str) -> None:
+    seen: dict[str, Any] = {}
+
+    def wants(prompts: list[str], responses: list[str], prompt_messages: list[Any]) -> list[float]:
+        seen["wants"] = prompt_messages
+        return [0.0] * len(responses)
+
+    def anything(prompts: list[str], responses: list[str], **kw: Any) -> list[float]:
+        seen["anything"] = sorted(kw)
+        return [0.0] * len(responses)
+
+    combined = CombinedReward(
+        [("wants", 1.0, FunctionReward(wants)), ("anything", 1.0, FunctionReward(anything))]
+    )
+    messages = [[{"role": "user", "content": "q"}]]
+    combined.compute(["q"], ["a"], {"answer": ["1"]}, messages=messages)
+    assert seen == {"wants": messages, "anything": ["answer"]}

@@ -252,3 +252,21 @@ def test_vllm_engine_generates_and_loads_weights(tiny_lm_dir: Any) -> None:
     batch = engine.generate([[1, 20, 21], [1, 22]], n=2)
     assert batch.response_ids.shape[0] == 4 and (batch.log_probs <= 0).all()
     assert engine.load_weights(list(engine.state_dict().items())[:1]) >= 1
+
+
+def test_greedy_overrides_the_engine_temperature(tiny_lm: tuple[Any, Any]) -> None:
+    """ReMax's baseline responses: `greedy=True` takes the argmax whatever the engine's sampling
+    temperature and seed; the engine's own sampling is unchanged."""
+    _, tok = tiny_lm
+    prompt_ids = _ids(tok, PROMPTS)
+    hot = _engine(tiny_lm, temperature=1.0, seed=1)
+    greedy_a = hot.generate(prompt_ids, n=1, greedy=True)
+    hot.set_seed(2)
+    greedy_b = hot.generate(prompt_ids, n=1, greedy=True)
+    cold = _engine(tiny_lm, temperature=0.0).generate(prompt_ids, n=1)
+    for a, b in ((greedy_a, greedy_b), (greedy_a, cold)):
+        assert torch.equal(a.response_ids, b.response_ids)
+        assert torch.equal(a.response_mask, b.response_mask)
+    hot.set_seed(1)
+    sampled = [hot.generate(prompt_ids, n=1).response_ids for _ in range(3)]
+    assert any(not torch.equal(s, greedy_a.response_ids) for s in sampled)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf_trainer.dataflow.elastic import keep_prompts, rollout_tensors, step_signal
+from rlhf_trainer.sync.leasing import keep_prompts, rollout_tensors
+from rlhf_trainer.sync.membership import step_signal
 
 
 def test_step_signal_from_the_steps_timings():
@@ -68,4 +69,5 @@ def test_the_policy_and_the_log_use_one_rate_formula():
     }
     assert step_signal("rollout_wait_fraction", m) == rates["rollout/wait_fraction"]
     assert step_rates({**m, "timing/step": 10.0}) == rates  # the step total is not a phase
+    assert step_rates({**m, "timing/eval": 5.0}) == rates  # nor the evaluation: not training throughput
     assert step_rates({}) == {}

@@ -1,4 +1,5 @@
-"""Checkpoints: atomic directories, retention, latest-complete lookup, optimizer state round trip."""
+"""Checkpoints: published step directories, retention, latest-complete lookup, optimizer state round trip
+(the shared-volume protocol itself: test_checkpoint_shared.py)."""
 
 from __future__ import annotations
 
@@ -13,24 +14,32 @@ from rlhf_trainer import checkpoint
 from rlhf_trainer.workers.training import flatten_optimizer_state, unflatten_optimizer_state
 
 
-def _write(tmp: Path) -> None:
-    (tmp / "actor.safetensors").write_bytes(b"x")
+def _actor(staging: Path) -> dict[str, checkpoint.PartInfo]:
+    """A stand-in for actor rank 0: one file, then the part marker."""
+    return {
+        "actor": checkpoint.write_part(
+            staging, "actor", lambda d: (d / "model.safetensors").write_bytes(b"x")
+        )
+    }
 
 
 def test_save_keeps_the_newest_and_latest_ignores_incomplete(tmp_path):
     for step in (2, 4, 6):
-        checkpoint.save(tmp_path, step, {"data": {"pos": step}}, _write, keep=2)
+        checkpoint.save(tmp_path, step, {"data": {"pos": step}}, _actor, keep=2)
     assert [s for s, _ in checkpoint.checkpoint_dirs(tmp_path)] == [4, 6]
-    # A run killed mid-write leaves a temp dir and perhaps a step dir without its state file.
-    (tmp_path / ".tmp-step-000008-abc").mkdir()
+    assert checkpoint.parts(tmp_path / "step-000006") == ["actor", "controller"]
+    # A run killed mid-write leaves a staging dir, or a step dir without its COMPLETE marker.
+    (tmp_path / ".staging-step-000008-abc").mkdir()
     (tmp_path / "step-000010").mkdir()
+    (tmp_path / "step-000012").mkdir()  # the layout before role parts: ignored, never deleted
+    (tmp_path / "step-000012" / checkpoint.STATE_FILE).write_text("{}")
     assert checkpoint.latest(tmp_path) == tmp_path / "step-000006"
-    checkpoint.save(tmp_path, 8, {}, _write, keep=2)
-    assert not list(tmp_path.glob(".tmp-step-*"))
+    checkpoint.save(tmp_path, 8, {}, _actor, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000006", "step-000008", "step-000012"]
 
 
 def test_failed_write_leaves_no_checkpoint(tmp_path):
-    def boom(_: Path) -> None:
+    def boom(_: Path) -> dict[str, Any]:
         raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError, match="disk full"):
@@ -42,7 +51,7 @@ def test_failed_write_leaves_no_checkpoint(tmp_path):
 def test_controller_rng_state_round_trips(tmp_path):
     random.seed(3)
     torch.manual_seed(3)
-    path = checkpoint.save(tmp_path, 1, {"algorithm": {"kl_coef": 0.1}}, _write, keep=1)
+    path = checkpoint.save(tmp_path, 1, {"algorithm": {"kl_coef": 0.1}}, _actor, keep=1)
     expected = (random.random(), torch.rand(3))
     random.seed(99)
     torch.manual_seed(99)

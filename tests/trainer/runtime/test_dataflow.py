@@ -73,3 +73,30 @@ def test_a_stream_without_a_source_is_an_error():
         DataStream().step()
     with pytest.raises(ValueError, match="threshold or a predicate"):
         FilterOperator()
+
+
+def test_online_dpo_after_a_filter_left_a_group_of_one_trains_on_the_pairs_only():
+    """The reward filter dropped a sample: its partner is alone. The advantage phase keeps the
+    samples of real pairs (no tie) and counts what it left out; the old code raised."""
+    from rlhf_trainer.algorithms import build_algorithm
+    from rlhf_trainer.dataflow import phases
+
+    batch = FilterOperator(predicate=lambda b: b["reward_valid"], name="reward_failed")(
+        StepBatch(
+            tensors={
+                "response_mask": torch.ones(6, 3),
+                "scores": torch.tensor([1.0, 0.0, 0.5, 0.5, 0.2, 0.0]),
+                "reward_valid": torch.tensor([True, True, True, True, True, False]),
+                "group_index": torch.tensor([0, 0, 1, 1, 2, 2]),
+            },
+            prompts=[f"p{i}" for i in range(6)],
+            responses=[f"r{i}" for i in range(6)],
+            columns=[{} for _ in range(6)],
+        )
+    )
+    out = phases.compute_advantages(None, batch, build_algorithm("online_dpo"))  # type: ignore[arg-type]
+    assert out.prompts == ["p0", "p1"]  # group 1 is a tie, group 2 a group of one
+    assert out["chosen"].tolist() == [True, False]
+    assert out.metrics["dpo/pairs"] == 1.0 and out.metrics["dpo/groups_without_pair"] == 2.0
+    assert out.metrics["update/untrained_samples"] == 3.0
+    assert out.metrics["filter/reward_failed_dropped"] == 1.0

@@ -24,7 +24,7 @@ def test_ppo_fsdp2_disaggregated_improves(tiny_model, ray_session, tmp_path):
             "miniBatchSize": 16,
             "microBatchSize": 4,
             "epochsPerBatch": 2,
-            "learningRate": 2e-3,
+            "learningRate": 1e-3,
             "criticLearningRate": 2e-3,
         },
         roles={

@@ -33,6 +33,9 @@ def _manifest(tmp_path):
     doc = {**BASE, "metadata": {"name": "resume"}}
     doc["spec"] = {
         **BASE["spec"],
+        # An entropy bonus: the entropy (and its chunked backward) is computed only when the loss
+        # reads it, so this puts it on the resumed path and in the compared metrics.
+        "algorithm": {"name": "grpo", "params": {"klCoef": 0.0, "entropyCoef": 0.001}},
         "training": {**BASE["spec"]["training"], "steps": 6, "promptsPerStep": 4},
         "checkpoint": {"every": 2, "keep": 2},
     }

@@ -55,6 +55,22 @@ def test_status_progress_payload():
     }
     nan = reporter.progress(4, 10, {"reward/mean": float("nan")})["status"]["progress"]
     assert "reward" not in nan  # JSON has no NaN: a patch carrying one would be refused
+    assert "evalReward" not in body["status"]["progress"]  # a step without an evaluation
+
+
+def test_status_progress_carries_the_evaluation_of_a_step_that_ran_one():
+    reporter = StatusReporter(api=None, name="job", namespace="ns")
+    metrics = {
+        "reward/mean": 0.5,
+        "eval/reward_mean": 0.75,
+        "eval/step": 10.0,
+        "eval/greedy/reward_mean": 0.75,
+    }
+    progress = reporter.progress(10, 20, metrics)["status"]["progress"]
+    assert progress["evalReward"] == 0.75 and progress["evalStep"] == 10
+    assert progress["metrics"]["eval_reward_mean"] == "0.75"
+    failed = reporter.progress(10, 20, {**metrics, "eval/reward_mean": float("nan")})["status"]["progress"]
+    assert "evalReward" not in failed and "evalStep" not in failed
 
 
 def test_controller_outside_a_pod_reports_nothing(monkeypatch):

@@ -177,3 +177,56 @@ def test_cuda_tensors_through_device_buffers() -> None:
     )
     for (name, p), (_, q) in zip(src.named_parameters(), dst.named_parameters()):
         assert torch.equal(p, q) and torch.equal(p.cpu(), cpu_rx.tensors[name]), name
+
+
+def test_a_gpu_collective_that_never_completes_gives_up_within_the_timeout() -> None:
+    """`buckets.complete` on a GPU device polls `Work.is_completed()` instead of trusting
+    `wait()` (which, under NCCL, only orders streams): a broadcast whose source never posts raises
+    TimeoutError after the timeout, and one that completes returns its data. Real gloo works; the
+    device only selects the polling path."""
+    from datetime import timedelta
+
+    from rlhf_trainer.sync.buckets import complete
+
+    store = dist.HashStore()
+    pgs = _threads(
+        *[lambda r=r: dist.ProcessGroupGloo(dist.PrefixStore("t/", store), r, 2) for r in range(2)]
+    )
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.rootTensor, opts.timeout = 0, 0, timedelta(seconds=60)
+    got = torch.zeros(4)
+    work = pgs[1].broadcast([got], opts)  # the source has posted nothing yet
+    with pytest.raises(TimeoutError, match="did not complete within 0.2s"):
+        complete(work, 0.2, torch.device("cuda"))
+    pgs[0].broadcast([torch.arange(4.0)], opts).wait()  # now it does: the receive completes
+    complete(work, 30.0, torch.device("cuda"))
+    assert torch.equal(got, torch.arange(4.0))
+
+
+def test_nccl_streams_only_to_members_marked_ready_in_the_store() -> None:
+    """The NCCL path's handshake (the CPU part): the source names the receivers that did not mark
+    themselves ready within the timeout (a NCCL communicator's creation would wait for them with
+    no timeout); gloo needs no handshake."""
+    store = dist.HashStore()
+    nccl = SyncGroup(store, "actor", timeout=0.3, backend="nccl", device="cpu")
+    store.set("b/ready/r1", "1")
+    assert nccl._unready("b", ["r1", "r2"]) == ["r2"]
+    store.set("b/ready/r2", "1")
+    assert nccl._unready("b", ["r1", "r2"]) == []
+    assert SyncGroup(store, "actor", timeout=0.3)._unready("c", ["r1"]) == []
+
+
+def test_the_nccl_group_is_built_with_communicator_only_error_handling(monkeypatch) -> None:
+    """`TORCH_NCCL_ASYNC_ERROR_HANDLING` is 2 while the sync group is constructed and the pod's own
+    value (1: tear down, for gang restarts) is back afterwards."""
+    from rlhf_trainer import contract
+
+    var = contract.ENV_TORCH_NCCL_ASYNC_ERROR_HANDLING
+    monkeypatch.setenv(var.name, "1")
+    with var.overridden("2"):
+        assert var.get() == "2"
+    assert var.get() == "1"
+    monkeypatch.delenv(var.name)
+    with var.overridden("2"):
+        assert var.get() == "2"
+    assert not var.is_set()

@@ -24,8 +24,10 @@ from rlhf_trainer.algorithms import (
     list_algorithms,
 )
 from rlhf_trainer.algorithms.builtin import PPOParams
+from rlhf_trainer.spec import BUILTIN_ALGORITHMS
 
-BUILTINS = ["dynamic_kl_ppo", "grpo", "online_dpo", "ppo", "reinforce_plus_plus", "rloo"]
+#: Every shipped algorithm (test_algo_registry keeps the registry equal to this list).
+BUILTINS = sorted(BUILTIN_ALGORITHMS)
 small_grid = pytest.mark.parametrize(("layout", "seed"), [(lay, sd) for lay in LAYOUTS for sd in SEEDS])
 
 
@@ -123,7 +125,7 @@ def test_params_accept_camel_and_snake_case_and_coerce_ints():
         ("ppo", {"gamma": 1.5}, r"gamma must be in \[0, 1\], got 1.5"),
         ("ppo", {"kl_coef": 0.1, "klCoef": 0.2}, "param 'kl_coef' given twice"),
         ("dynamic_kl_ppo", {"klController": "adaptive"}, "kl_controller must be 'fixed'"),
-        ("dynamic_kl_ppo", {"betaMin": 0.5, "betaMax": 0.1}, "need 0 < beta_min <= beta_max"),
+        ("dynamic_kl_ppo", {"betaMin": 0.5, "betaMax": 0.1}, "need beta_min <= beta_max"),
         ("dynamic_kl_ppo", {"klCoef": 2.0}, r"kl_coef 2.0 must lie in \[beta_min, beta_max\]"),
         ("online_dpo", {"preferenceLoss": "kto"}, "unknown preference loss 'kto'; valid: dpo, ipo"),
         ("online_dpo", {"labelSmoothing": 0.7}, r"label_smoothing must be in \[0, 0.5\)"),
@@ -421,16 +423,39 @@ def test_ppo_params_type():
 def test_online_dpo_pairs_from_scores():
     batch = {
         "response_mask": torch.ones(6, 2, dtype=torch.float64),
-        "scores": torch.tensor([0.1, 0.9, 0.5, 0.5, 2.0, -1.0], dtype=torch.float64),
+        "scores": torch.tensor([0.1, 0.9, 0.5, 0.7, 2.0, -1.0], dtype=torch.float64),
         "group_index": torch.tensor([7, 7, 3, 3, 1, 1]),
     }
     out = OnlineDPO().compute_advantages(batch)
-    assert out["chosen"].tolist() == [False, True, True, False, True, False]  # the tie goes to the first
+    assert out["chosen"].tolist() == [False, True, False, True, True, False]
+    assert out["train_rows"].tolist() == [True] * 6
     assert out["pair_index"] is batch["group_index"]
-    with pytest.raises(
-        ValueError, match=r"exactly 2 samples per group_index group, got group sizes \[1, 3, 2\]"
-    ):
-        OnlineDPO().compute_advantages({**batch, "group_index": torch.tensor([0, 1, 1, 1, 2, 2])})
+    assert (out["dpo/pairs"], out["dpo/groups_without_pair"]) == (3.0, 0.0)
+
+
+def test_online_dpo_skips_and_counts_groups_without_a_pair():
+    """A group of one (the reward filter dropped its partner) and a tie give no pair; a group of
+    three pairs its best with its worst. The old code raised on the group sizes and trained on
+    the tie."""
+    batch = {
+        "response_mask": torch.ones(8, 2, dtype=torch.float64),
+        #                      lone  tie  tie  best mid  worst  a    b
+        "scores": torch.tensor([0.3, 0.5, 0.5, 0.9, 0.4, 0.1, 1.0, 0.0], dtype=torch.float64),
+        "group_index": torch.tensor([0, 1, 1, 2, 2, 2, 3, 3]),
+    }
+    out = OnlineDPO().compute_advantages(batch)
+    assert out["train_rows"].tolist() == [False, False, False, True, False, True, True, True]
+    assert out["chosen"].tolist() == [False, False, False, True, False, False, True, False]
+    assert (out["dpo/pairs"], out["dpo/groups_without_pair"]) == (2.0, 2.0)
+    # the kept rows make valid pairs for the loss
+    keep = out["train_rows"]
+    kept = {k: v[keep] for k, v in out.items() if isinstance(v, torch.Tensor)}
+    lp = torch.zeros(4, 2, dtype=torch.float64, requires_grad=True)
+    loss = OnlineDPO().compute_loss({**kept, "log_probs": lp, "ref_log_probs": torch.zeros(4, 2).double()})
+    assert loss["loss"].item() == pytest.approx(math.log(2.0))  # margin 0: -log sigmoid(0), 2 pairs
+    # every group tied or alone: nothing to train on, no error
+    none = OnlineDPO().compute_advantages({**batch, "scores": torch.zeros(8, dtype=torch.float64)})
+    assert not none["train_rows"].any() and none["dpo/groups_without_pair"] == 4.0
 
 
 @pytest.mark.parametrize("loss", ["dpo", "ipo"])
@@ -477,3 +502,120 @@ def test_online_dpo_loss(loss, length_normalize, seed):
 def test_kl_coef_zero_needs_no_reference(name):
     assert build_algorithm(name, {"klCoef": 0.0}).needs_reference is False
     assert build_algorithm(name, {"klCoef": 0.01}).needs_reference is True
+
+
+# ----------------------------------------------------------------------------- presets: gspo, dr_grpo, remax
+
+
+def _one_sequence_up(log_ratio: float):
+    """Two sequences of one group (scores 1 and 0: GRPO advantages +-1/sqrt(2)... here we set
+    them), each 2 valid tokens whose log-ratio to the old policy is `log_ratio` per token."""
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    old = torch.full((2, 3), -1.0, dtype=torch.float64) * mask
+    return {
+        "response_mask": mask,
+        "old_log_probs": old,
+        "log_probs": (old + log_ratio * mask).requires_grad_(True),
+        "advantages": torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]], dtype=torch.float64),
+    }
+
+
+def test_gspo_preset_has_the_papers_defaults_and_clips_the_sequence_ratio():
+    algo = build_algorithm("gspo")
+    p = algo.params
+    assert (p.policy_loss, p.clip_ratio_low, p.clip_ratio_high) == ("gspo", 3e-4, 4e-4)
+    assert (p.loss_agg_mode, p.advantage_estimator, p.norm_by_std, p.kl_coef) == (
+        "seq-mean-token-mean",
+        "grpo",
+        True,
+        0.0,
+    )
+    assert not algo.needs_reference and not algo.needs_critic
+    # sequence ratio exp(0.001) = 1.0010005 > 1 + 4e-4: clipped, loss = -(1 + 4e-4) per token
+    out = algo.compute_loss(_one_sequence_up(0.001))
+    assert out["loss"].item() == pytest.approx(-(1 + 4e-4), rel=1e-12)
+    assert out["actor/pg_clipfrac"] == 1.0
+    # within the range: the unclipped ratio exp(2e-4)
+    inside = algo.compute_loss(_one_sequence_up(2e-4))
+    assert inside["loss"].item() == pytest.approx(-math.exp(2e-4), rel=1e-12)
+    assert inside["actor/pg_clipfrac"] == 0.0
+
+
+def test_policy_loss_gspo_under_grpo_warns_about_the_ppo_clip_range():
+    with pytest.warns(UserWarning, match=r"policyLoss gspo with clipRatioLow 0.2 / clipRatioHigh 0.2"):
+        wide = build_algorithm("grpo", {"policyLoss": "gspo", "klCoef": 0.0})
+    # what the warning is about: the PPO range leaves the same ratio unclipped
+    assert wide.compute_loss(_one_sequence_up(0.001))["loss"].item() == pytest.approx(
+        -math.exp(0.001), rel=1e-12
+    )
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_algorithm("grpo", {"policyLoss": "gspo", "clipRatioLow": 3e-4, "clipRatioHigh": 4e-4})
+        build_algorithm("gspo")
+
+
+def test_dr_grpo_preset_no_std_and_a_constant_length_normaliser_from_the_job():
+    from rlhf_trainer.spec import parse_job
+
+    job = parse_job(
+        {
+            "apiVersion": "rlhf.dev/v1alpha1",
+            "kind": "RLTrainingJob",
+            "metadata": {"name": "dr"},
+            "spec": {
+                "model": {"path": "m"},
+                "data": {"path": "d.jsonl"},
+                "reward": {"functions": [{"path": "rlhf_trainer.rewards.builtin:arithmetic_exact"}]},
+                "algorithm": {"name": "dr_grpo"},
+                "rollout": {"samplesPerPrompt": 4, "maxNewTokens": 8},
+            },
+        }
+    )
+    algo = build_algorithm("dr_grpo", {"klCoef": 0.0}, job=job.spec)
+    p = algo.params
+    assert (p.norm_by_std, p.loss_agg_mode, p.norm_length) == (False, "seq-mean-token-sum-norm", 8.0)
+    assert build_algorithm("dr_grpo", {"normLength": 16}, job=job.spec).params.norm_length == 16.0
+    assert build_algorithm("dr_grpo").params.norm_length is None  # no job: the padded length T
+    with pytest.raises(ValueError, match="norm_by_std must be false"):
+        build_algorithm("dr_grpo", {"normByStd": True})
+
+    lengths = [2, 3, 1, 4]
+    for width in (4, 6):  # the normaliser does not follow the batch's longest response
+        mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths], dtype=torch.float64)
+        batch = {
+            "response_mask": mask,
+            "scores": torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64),
+            "group_index": torch.zeros(4, dtype=torch.long),
+        }
+        adv = algo.compute_advantages(batch)["advantages"]
+        # r - mean: no division by the group std (GRPO would give 1.5 and -0.5)
+        assert adv[:, 0].tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25])
+        lp = torch.zeros_like(mask).requires_grad_(True)
+        out = algo.compute_loss({**batch, "advantages": adv, "log_probs": lp, "old_log_probs": lp.detach()})
+        # ratio 1: sum_i sum_t -A_i / (S * normLength) = (-0.75*2 + 0.25*(3+1+4)) / (4 * 8)
+        assert out["loss"].item() == pytest.approx(0.5 / 32, rel=1e-12)
+
+
+def test_remax_preset_uses_the_greedy_baseline():
+    algo = build_algorithm("remax", {"klCoef": 0.0})
+    assert algo.needs_baseline and not build_algorithm("grpo").needs_baseline
+    assert build_algorithm("reinforce_plus_plus", {"advantageEstimator": "remax"}).needs_baseline
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
+    out = algo.compute_advantages(
+        {
+            "response_mask": mask,
+            "scores": torch.tensor([1.0, 0.0], dtype=torch.float64),
+            "baseline_scores": torch.tensor([0.25, 0.5], dtype=torch.float64),
+        }
+    )
+    assert out["advantages"].tolist() == [[0.75, 0.75, 0.0], [-0.5, 0.0, 0.0]]
+
+
+def test_the_algorithms_doc_lists_every_builtin():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "algorithms.md").read_text()
+    table = doc.split("## The built-ins", 1)[1].split("\n## ", 1)[0]
+    assert sorted(line.split("`")[1] for line in table.splitlines() if line.startswith("| `")) == BUILTINS

@@ -33,7 +33,20 @@ ALL = {
         ["seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-mean", "token-sum"],
     ),
     "preference loss": (PREFERENCE_LOSSES, ["dpo", "ipo"]),
-    "algorithm": (ALGORITHMS, ["dynamic_kl_ppo", "grpo", "online_dpo", "ppo", "reinforce_plus_plus", "rloo"]),
+    "algorithm": (
+        ALGORITHMS,
+        [
+            "dr_grpo",
+            "dynamic_kl_ppo",
+            "grpo",
+            "gspo",
+            "online_dpo",
+            "ppo",
+            "reinforce_plus_plus",
+            "remax",
+            "rloo",
+        ],
+    ),
 }
 
 
@@ -60,7 +73,8 @@ def test_unknown_name_lists_every_valid_name(kind):
 def test_build_algorithm_unknown_name():
     with pytest.raises(
         ValueError,
-        match="unknown algorithm 'ppo2'; valid: dynamic_kl_ppo, grpo, online_dpo, ppo, reinforce_plus_plus, rloo",
+        match="unknown algorithm 'ppo2'; valid: dr_grpo, dynamic_kl_ppo, grpo, gspo, online_dpo, ppo, "
+        "reinforce_plus_plus, remax, rloo",
     ):
         build_algorithm("ppo2", {})
 

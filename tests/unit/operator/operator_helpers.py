@@ -127,3 +127,16 @@ def unschedulable(pod: dict[str, Any], message: str) -> dict[str, Any]:
 
 def names(objs: list[dict[str, Any]]) -> list[str]:
     return sorted(o["metadata"]["name"] for o in objs)
+
+
+def bare_pod(name: str, role: str = "actor", index: int = 0, **status: Any) -> dict[str, Any]:
+    """A minimal labelled pod for the policy modules: `deleting=True` sets a deletionTimestamp,
+    `node=` binds it; the other keywords are its status."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "labels": {"rlhf.dev/role": role, "rlhf.dev/replica-index": str(index)},
+    }
+    if status.pop("deleting", False):
+        meta["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+    spec = {"nodeName": status.pop("node")} if "node" in status else {}
+    return {"metadata": meta, "spec": spec, "status": status}

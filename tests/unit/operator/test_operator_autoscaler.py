@@ -11,6 +11,7 @@ from operator_helpers import BASE_SPEC, at, job, merge_patch
 
 from rlhf_operator import autoscaler, kube, metrics
 from rlhf_operator.executor import Executor
+from rlhf_operator.status import get_condition
 from rlhf_trainer.autoscale import PrometheusSource, Recommendation, ScrapeSource
 from rlhf_trainer.spec import parse_job
 
@@ -52,9 +53,83 @@ def test_metric_source_prometheus_when_configured_else_controller_scrape() -> No
     assert (src.url, src.series) == ("http://127.0.0.1:9/ns/j/metrics", "rlhf_rollout_wait_fraction")
     default = autoscaler.metric_source(parsed())
     assert isinstance(default, ScrapeSource) and default.url == "http://j-controller.j.ns.svc:8080/metrics"
-    prom = autoscaler.metric_source(parsed(prometheus={"url": "http://prom:9090"}))
+    prom = autoscaler.metric_source(
+        parsed(prometheus={"url": "http://prom:9090"}), prometheus_prefixes=["http://prom:9090"]
+    )
     assert isinstance(prom, PrometheusSource)
     assert prom.url == "http://prom:9090" and 'rlhf_job="j",namespace="ns"' in prom.query
+    # A URL the operator does not allow: the job's own controller is scraped instead.
+    refused = autoscaler.metric_source(parsed(prometheus={"url": "http://prom:9090"}))
+    assert isinstance(refused, ScrapeSource) and refused.url == "http://j-controller.j.ns.svc:8080/metrics"
+
+
+# (case, url, allowed prefixes) -> allowed
+URLS = [
+    ("no allow-list", "http://prom:9090", [], False),
+    ("exact", "http://prom:9090", ["http://prom:9090"], True),
+    ("a path below", "http://prom:9090/prometheus", ["http://prom:9090"], True),
+    ("trailing slash on the prefix", "http://prom:9090/api", ["http://prom:9090/"], True),
+    ("host case, default port", "http://PROM.monitoring", ["http://prom.monitoring:80"], True),
+    ("https default port", "https://prom:443/x", ["https://prom"], True),
+    ("another scheme", "https://prom:9090", ["http://prom:9090"], False),
+    ("a longer host", "http://prom:9090.evil.example", ["http://prom:9090"], False),
+    ("a host suffix", "http://prometheus.evil", ["http://prom"], False),
+    ("another port", "http://prom:90901", ["http://prom:9090"], False),
+    ("user info pointing elsewhere", "http://prom:9090@evil.example/", ["http://prom:9090"], False),
+    ("a sibling path", "http://gw/prometheus-admin", ["http://gw/prometheus"], False),
+    ("below the prefix path", "http://gw/prometheus/x", ["http://gw/prometheus"], True),
+    ("climbing out", "http://gw/prometheus/../admin", ["http://gw/prometheus"], False),
+    ("climbing out, encoded", "http://gw/prometheus/%2e%2e/admin", ["http://gw/prometheus"], False),
+    ("not http", "file:///etc/passwd", ["file:///"], False),
+    ("a bad port", "http://prom:99999", ["http://prom:9090"], False),
+    ("second prefix", "http://b:1", ["http://a:1", "http://b:1"], True),
+]
+
+
+@pytest.mark.parametrize("url,prefixes,allowed", [c[1:] for c in URLS], ids=[c[0] for c in URLS])
+def test_prometheus_url_allowed(url: str, prefixes: list[str], allowed: bool) -> None:
+    assert autoscaler.prometheus_url_allowed(url, prefixes) is allowed
+
+
+def test_prefixes_from_the_operators_environment() -> None:
+    env = {autoscaler.PROMETHEUS_URL_PREFIXES_ENV: " http://a:9090 ,,http://b/prom"}
+    assert autoscaler.prometheus_url_prefixes(env) == ("http://a:9090", "http://b/prom")
+    assert autoscaler.prometheus_url_prefixes({}) == ()
+
+
+def test_refusal_names_the_url_and_what_is_allowed() -> None:
+    job_ = parsed(prometheus={"url": "http://169.254.169.254/latest"})
+    message = autoscaler.refusal(job_, ["http://prom:9090"])
+    assert message is not None
+    assert "spec.autoscaling.prometheus.url 'http://169.254.169.254/latest' is not allowed" in message
+    assert (
+        "allowed URL prefixes: http://prom:9090" in message and "autoscaler.prometheusUrlPrefixes" in message
+    )
+    assert "controller pod" in message
+    assert "allowed URL prefixes: none" in (autoscaler.refusal(job_, []) or "")
+    assert autoscaler.refusal(parsed(), []) is None  # no URL: nothing refused
+    assert autoscaler.refusal(job_, ["http://169.254.169.254"]) is None
+
+
+REFUSED = {"type": "PrometheusRefused", "status": "True", "reason": "URLNotAllowed", "message": "m"}
+
+# (case, conditions, refusal) -> (status, reason) written, or None: unchanged
+CONDITIONS = [
+    ("first refusal", [], "m", ("True", "URLNotAllowed")),
+    ("still refused, same words", [REFUSED], "m", None),
+    ("refused for another URL", [REFUSED], "m2", ("True", "URLNotAllowed")),
+    ("allowed since", [REFUSED], None, ("False", "URLAllowed")),
+    ("never refused", [], None, None),
+]
+
+
+@pytest.mark.parametrize("conds,refused,want", [c[1:] for c in CONDITIONS], ids=[c[0] for c in CONDITIONS])
+def test_refusal_conditions(
+    conds: list[dict[str, Any]], refused: str | None, want: tuple[str, str] | None
+) -> None:
+    out = autoscaler.refusal_conditions(conds, refused, at(0))
+    got = next(((c["status"], c["reason"]) for c in out or [] if c["type"] == "PrometheusRefused"), None)
+    assert got == want
 
 
 @pytest.mark.parametrize(
@@ -307,3 +382,39 @@ def test_executor_leaves_disabled_jobs_alone() -> None:
     assert fake.job["status"]["autoscaling"] == {"reshardedGeneration": 1} and not any(
         e.startswith("scale") for e in fake.log
     )
+
+
+def test_executor_refuses_a_prometheus_url_outside_the_allow_list() -> None:
+    """The operator never queries a URL it was not allowed: the job's controller is scraped, the
+    job says why (condition and one Event), and allowing the URL later lifts the refusal."""
+    fake = ScaleKube(running(2, prometheus={"url": "http://10.0.0.1:9090"}))
+    reads: list[Any] = []
+
+    def read(src: Any) -> tuple[float | None, str | None]:
+        reads.append(src)
+        return 0.2, None
+
+    ex = Executor(fake, read=read, prometheus_url_prefixes=["http://prom.monitoring:9090"])  # type: ignore[arg-type]
+    ex.reconcile("ns", "j", now=at(0))
+    assert [type(r).__name__ for r in reads] == ["ScrapeSource"]
+    assert reads[0].url == "http://j-controller.j.ns.svc:8080/metrics"
+    c = get_condition(fake.job["status"], "PrometheusRefused")
+    assert c is not None and (c["status"], c["reason"]) == ("True", "URLNotAllowed")
+    assert "'http://10.0.0.1:9090' is not allowed" in c["message"]
+    assert fake.log.count("event PrometheusRefused") == 1
+
+    # The next evaluation (the fake has no pods, so each pass also restarts the gang: put the job
+    # back to Running, where the autoscaler runs): still refused, no second Event, the same condition.
+    fake.job["status"]["phase"] = "Running"
+    ex.reconcile("ns", "j", now=at(10))
+    assert len(reads) == 2
+    assert fake.log.count("event PrometheusRefused") == 1
+    assert get_condition(fake.job["status"], "PrometheusRefused") == c
+
+    # The operator now allows it: queried, and the condition turns False.
+    ex.prometheus_url_prefixes = ("http://10.0.0.1:9090",)
+    fake.job["status"]["phase"] = "Running"
+    ex.reconcile("ns", "j", now=at(20))
+    assert type(reads[-1]).__name__ == "PrometheusSource" and reads[-1].url == "http://10.0.0.1:9090"
+    c = get_condition(fake.job["status"], "PrometheusRefused")
+    assert c is not None and (c["status"], c["reason"]) == ("False", "URLAllowed")

@@ -54,24 +54,25 @@ CONTAINER_SECURITY = {
 }
 
 
-def _env(role: str, index: int, attempt: int, worker: bool) -> list[dict[str, Any]]:
+def _env(role: str, index: int, attempt: int) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
-        {"name": "RLHF_JOB_NAME", "value": "j"},
         {"name": "RLHF_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "RLHF_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "RLHF_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "RLHF_ROLE", "value": role},
         {"name": "RLHF_REPLICA_INDEX", "value": str(index)},
         {"name": "RLHF_RESTART_ATTEMPT", "value": str(attempt)},
-        {"name": "RLHF_SPEC_FILE", "value": "/etc/rlhf/job.yaml"},
-        {"name": "RLHF_CONTROLLER_ADDRESS", "value": "j-controller.j.ns.svc"},
         {"name": "RAY_AUTH_MODE", "value": "token"},
-        {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": "j-ray-token", "key": "token"}}},
+        {
+            "name": "RAY_AUTH_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": "j-ray-token-uid-1", "key": "token"}},
+        },
         {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
         {"name": "NCCL_DEBUG", "value": "WARN"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
-    if worker:
-        env.insert(8, {"name": "RAY_ADDRESS", "value": "j-controller.j.ns.svc:6379"})
+    if role == "controller":
+        env.append({"name": "RLHF_METRICS_PORT", "value": "8080"})
     return env
 
 
@@ -79,11 +80,24 @@ VOLUMES = [
     {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
     {"name": "tmp", "emptyDir": {}},
     {"name": "spec", "configMap": {"name": "j-spec"}},
+    {"name": "workspace", "emptyDir": {}},
 ]
 MOUNTS = [
     {"name": "dshm", "mountPath": "/dev/shm"},
     {"name": "tmp", "mountPath": "/tmp"},
     {"name": "spec", "mountPath": "/etc/rlhf", "readOnly": True},
+    {"name": "workspace", "mountPath": "/workspace"},
+]
+#: Every write off the read-only root filesystem: HOME and the caches on the /tmp emptyDir.
+FILESYSTEM_ENV = [
+    {"name": "HOME", "value": "/tmp/home"},
+    {"name": "XDG_CACHE_HOME", "value": "/tmp/home/.cache"},
+    {"name": "XDG_CONFIG_HOME", "value": "/tmp/home/.config"},
+    {"name": "HF_HOME", "value": "/tmp/home/.cache/huggingface"},
+    {"name": "MPLCONFIGDIR", "value": "/tmp/home/.config/matplotlib"},
+    {"name": "TRITON_CACHE_DIR", "value": "/tmp/home/.triton/cache"},
+    {"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/tmp/home/.cache/torchinductor"},
+    {"name": "PYTHONPYCACHEPREFIX", "value": "/tmp/pycache"},
 ]
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 NODE_LOSS = [
@@ -122,21 +136,22 @@ EXPECTED_ACTOR_1 = {
                 "name": "trainer",
                 "image": "trainer:test",
                 "command": [
-                    "ray",
-                    "start",
-                    "--block",
+                    "rlhf",
+                    "worker",
                     "--address=j-controller.j.ns.svc:6379",
                     "--num-gpus=8",
-                    '--resources={"rlhf.dev/role-actor": 1}',
+                    "--num-cpus=16",
+                    '--resources={"rlhf.dev/role-actor": 8}',  # one rank per GPU
                 ],
-                "env": _env("actor", 1, 3, worker=True),
+                "env": [*_env("actor", 1, 3), *FILESYSTEM_ENV],
                 "resources": {
                     "requests": {"cpu": "16", "memory": "64Gi", "nvidia.com/gpu": "8"},
                     "limits": {"memory": "64Gi", "nvidia.com/gpu": "8"},
                 },
-                "ports": [{"name": "ray", "containerPort": 6379}],
                 "volumeMounts": MOUNTS,
+                "workingDir": "/workspace",
                 "securityContext": CONTAINER_SECURITY,
+                "terminationMessagePolicy": "FallbackToLogsOnError",
             }
         ],
         "volumes": VOLUMES,
@@ -166,14 +181,13 @@ EXPECTED_CONTROLLER = {
                 "name": "trainer",
                 "image": "trainer:test",
                 "command": ["rlhf", "controller", "--spec-file", "/etc/rlhf/job.yaml"],
-                "env": [
-                    *_env("controller", 0, 0, worker=False),
-                    {"name": "RLHF_METRICS_PORT", "value": "8080"},
-                ],
+                "env": [*_env("controller", 0, 0), *FILESYSTEM_ENV],
                 "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
                 "ports": [{"name": "ray", "containerPort": 6379}, {"name": "metrics", "containerPort": 8080}],
                 "volumeMounts": MOUNTS,
+                "workingDir": "/workspace",
                 "securityContext": CONTAINER_SECURITY,
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "readinessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 10},
             }
         ],
@@ -201,6 +215,27 @@ POD_VARIANTS = [
         {
             ("spec", "nodeSelector"): {"rlhf.dev/pool": "l4"},
             ("spec", "tolerations"): [GPU_TOLERATION, *NODE_LOSS],
+        },
+    ),
+    (
+        "rollout pod i advertises its fleet slot besides its role, and exposes no fixed port",
+        {},
+        "rollout",
+        1,
+        {
+            ("spec", "containers", 0, "command"): [
+                "rlhf",
+                "worker",
+                "--address=j-controller.j.ns.svc:6379",
+                "--num-gpus=1",
+                "--num-cpus=1",
+                '--resources={"rlhf.dev/role-rollout": 1, "rlhf.dev/rollout-1": 1}',
+            ],
+            ("spec", "containers", 0, "ports"): None,
+            ("spec", "containers", 0, "env", 2): {
+                "name": "RLHF_POD_IP",
+                "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+            },
         },
     ),
     (
@@ -372,7 +407,7 @@ STATIC: list[tuple[Any, dict[str, Any]]] = [
         {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": _meta("j-ray-token"),
+            "metadata": _meta("j-ray-token-uid-1"),
             "type": "Opaque",
             "stringData": {"token": "tok"},
         },
@@ -426,4 +461,18 @@ def test_pod_group(kind: str, expected: dict[str, Any] | None) -> None:
 
 def test_static_children_order_role_before_binding_and_config_before_pods() -> None:
     kinds = [o["kind"] for o in children.build_static_children(_job(), "t")]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Secret", "ConfigMap", "Service"]
+    assert kinds == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Secret",
+        "ConfigMap",
+        "Service",
+        "NetworkPolicy",
+    ]
+
+
+@pytest.mark.parametrize("quantity,cpus", [("100m", 1), ("1", 1), ("1500m", 2), ("2.5", 3), ("16", 16)])
+def test_a_role_pod_gives_ray_its_cpu_request_rounded_up(quantity: str, cpus: int) -> None:
+    """Without a CPU limit Ray would count the node's cores (and start an idle worker per core)."""
+    assert children.ray_cpus(quantity) == cpus

@@ -4,6 +4,7 @@ crash in the middle of creating a job's children."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -27,6 +28,9 @@ class FakeKube:
         self.crash_after = crash_after_creates
         self.creates = 0
         self.conflict_next_status = False
+        #: Objects the API server refuses to create, by name: (HTTP status, server message).
+        self.reject: dict[str, tuple[int, str]] = {}
+        self.events: list[tuple[str, str, str]] = []
 
     def _bump(self) -> None:
         assert self.job is not None
@@ -38,12 +42,20 @@ class FakeKube:
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         return [copy.deepcopy(o) for (k, _), o in sorted(self.objects.items()) if k == "Pod"]
 
+    def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        stored = self.objects.get((obj["kind"], obj["metadata"]["name"]))
+        return copy.deepcopy(stored) if stored is not None else None
+
     def create(self, obj: dict[str, Any]) -> bool:
         key = (obj["kind"], obj["metadata"]["name"])
         if key in self.objects:
             return False
         if self.crash_after is not None and self.creates >= self.crash_after:
             raise Crash("operator killed")
+        if obj["metadata"]["name"] in self.reject:
+            code, message = self.reject[obj["metadata"]["name"]]
+            self.log.append(f"refused {obj['kind']} {obj['metadata']['name']}")
+            raise kube.Rejected(f"POST: HTTP {code}: {message}", code, message)
         self.creates += 1
         stored = copy.deepcopy(obj)
         stored["metadata"]["uid"] = f"uid-{self.creates}"
@@ -75,11 +87,12 @@ class FakeKube:
             raise kube.Conflict("stale")
         self.job["status"] = merge_patch(self.job.get("status") or {}, status)
         self._bump()
-        self.log.append(f"status {status['phase']}")
+        self.log.append(f"status {status.get('phase', '')}".rstrip())
         return copy.deepcopy(self.job)
 
     def event(self, body: dict[str, Any], type_: str, reason: str, message: str, now: str) -> None:
         self.log.append(f"event {reason}")
+        self.events.append((type_, reason, message))
 
     def set_pods(self, phase: str) -> None:
         for (k, _), o in self.objects.items():
@@ -96,15 +109,16 @@ def test_first_pass_writes_status_before_creating_children() -> None:
     fake = FakeKube(job())
     run(Executor(fake))  # type: ignore[arg-type]
     kinds = [entry for entry in fake.log]
-    assert kinds[:6] == [
+    assert kinds[:7] == [
         "create ServiceAccount j",
         "create Role j",
         "create RoleBinding j",
-        "create Secret j-ray-token",
+        "create Secret j-ray-token-uid-1",
         "create ConfigMap j-spec",
         "create Service j",
+        "create NetworkPolicy j",
     ]
-    assert kinds[6] == "status Pending"
+    assert kinds[7] == "status Pending"
     assert sum(1 for e in kinds if e.startswith("create Pod")) == 6
 
 
@@ -128,7 +142,7 @@ def test_crash_mid_creation_then_a_new_operator_converges_without_duplicates(cra
     run(restarted, 2)
     names = sorted(n for k, n in fake.objects if k == "Pod")
     assert names == ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0", "j-rollout-0", "j-rollout-1"]
-    assert len(fake.objects) == 12  # 6 static children + 6 pods, each once
+    assert len(fake.objects) == 13  # 7 static children + 6 pods, each once
     assert fake.job is not None and fake.job["status"]["phase"] == "Scheduling"
     assert fake.job["status"]["restarts"] == 0
 
@@ -137,11 +151,11 @@ def test_secret_is_never_overwritten_and_config_map_follows_the_spec() -> None:
     fake = FakeKube(job())
     ex = Executor(fake)  # type: ignore[arg-type]
     run(ex)
-    token = fake.objects[("Secret", "j-ray-token")]["stringData"]["token"]
+    token = fake.objects[("Secret", "j-ray-token-uid-1")]["stringData"]["token"]
     assert fake.job is not None
     fake.job["spec"]["roles"]["rollout"]["replicas"] = 3
     run(Executor(fake), 1)  # type: ignore[arg-type]
-    assert fake.objects[("Secret", "j-ray-token")]["stringData"]["token"] == token
+    assert fake.objects[("Secret", "j-ray-token-uid-1")]["stringData"]["token"] == token
     assert "replicas: 3" in fake.objects[("ConfigMap", "j-spec")]["data"]["job.yaml"]
 
 
@@ -187,3 +201,102 @@ def test_no_write_loop_when_a_reported_value_disappears() -> None:
     before = list(fake.log)
     run(ex, 4)
     assert fake.log == before
+
+
+QUOTA = 'pods "j-actor-0" is forbidden: exceeded quota: gpu, requested: requests.nvidia.com/gpu=8, used: 0, limited: 4'
+
+
+def conditions(fake: FakeKube, type_: str) -> dict[str, Any]:
+    assert fake.job is not None
+    return next(c for c in fake.job["status"]["conditions"] if c["type"] == type_)
+
+
+def test_quota_refused_pod_is_reported_once_retried_and_cleared_when_it_goes_through() -> None:
+    fake = FakeKube(job())
+    fake.reject["j-actor-0"] = (403, QUOTA)
+    ex = Executor(fake)  # type: ignore[arg-type]
+    out = run(ex)
+    assert out.requeue_after == 5 and out.phase == "Pending"
+    cond = conditions(fake, "ChildFailure")
+    assert (cond["status"], cond["reason"]) == ("True", "QuotaExceeded") and QUOTA in cond["message"]
+    warnings = [e for e in fake.events if e[1] == "QuotaExceeded"]
+    assert len(warnings) == 1 and warnings[0][0] == "Warning" and "Pod j-actor-0" in warnings[0][2]
+    assert "create Pod j-actor-1" not in fake.log  # the pass stops at the first refusal
+
+    for t, delay in ((7, 7), (20, 20)):  # retried as long as it has been refused: no new Event or write
+        writes = sum(1 for e in fake.log if e.startswith("status"))
+        assert run(ex, t).requeue_after == delay
+        assert sum(1 for e in fake.log if e.startswith("status")) == writes
+    assert len([e for e in fake.events if e[1] == "QuotaExceeded"]) == 1
+
+    del fake.reject["j-actor-0"]  # another job finished: the quota has room
+    run(ex, 30)
+    cond = conditions(fake, "ChildFailure")
+    assert (cond["status"], cond["reason"]) == ("False", "ChildrenCreated")
+    assert sum(1 for k, _ in fake.objects if k == "Pod") == 6
+
+
+def test_invalid_pod_fails_the_job_and_the_next_pass_frees_the_rest() -> None:
+    fake = FakeKube(job())
+    invalid = (
+        'Pod "j-rollout-0" is invalid: spec.affinity: Invalid value: "Among": not a valid selector operator'
+    )
+    fake.reject["j-rollout-0"] = (422, invalid)
+    ex = Executor(fake)  # type: ignore[arg-type]
+    out = run(ex)
+    assert out.phase == "Failed" and out.requeue_after == 0
+    failed = conditions(fake, "Failed")
+    assert failed["reason"] == "ChildRejected" and invalid in failed["message"]
+    assert [e[1] for e in fake.events if e[0] == "Warning"] == ["ChildRejected"]
+    run(ex, 1)
+    assert not any(k == "Pod" for k, _ in fake.objects)  # pods created before the refusal are deleted
+    before = list(fake.log)
+    run(ex, 2)
+    assert fake.log == before  # finished: no more creates, no more reports
+
+
+def test_refused_static_child_is_reported_and_no_pod_is_created() -> None:
+    fake = FakeKube(job())
+    fake.reject["j"] = (
+        403,
+        'serviceaccounts "j" is forbidden: exceeded quota: objects, limited: count/serviceaccounts=0',
+    )
+    out = run(Executor(fake))  # type: ignore[arg-type]
+    assert out.requeue_after == 5
+    assert not any(e.startswith("create Pod") for e in fake.log)
+    cond = conditions(fake, "ChildFailure")
+    assert cond["reason"] == "QuotaExceeded" and cond["message"].startswith("ServiceAccount j: refused")
+
+
+class RefusingApi:
+    """An ApiClient whose every call gets the given HTTP status and Status body."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status, self.message = status, message
+
+    def param_serialize(self, **kwargs: Any) -> tuple[Any, ...]:
+        return (kwargs["method"], kwargs["resource_path"])
+
+    def call_api(self, *args: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        err = ApiException(status=self.status, reason="refused")
+        err.body = json.dumps({"kind": "Status", "status": "Failure", "message": self.message}).encode()
+        raise err
+
+
+@pytest.mark.parametrize("status", [400, 403, 422])
+def test_kube_turns_refusals_into_rejected_with_the_servers_message(status: int) -> None:
+    client = kube.Kube(RefusingApi(status, QUOTA))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "j-actor-0", "namespace": "ns"}}
+    with pytest.raises(kube.Rejected) as err:
+        client.create(pod)
+    assert err.value.code == status and err.value.server_message == QUOTA
+    assert isinstance(err.value, kube.Retry)  # callers that do not report it still retry it
+
+
+def test_kube_keeps_other_errors_transient() -> None:
+    client = kube.Kube(RefusingApi(500, "etcdserver: request timed out"))
+    with pytest.raises(kube.Retry) as err:
+        client.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}})
+    assert not isinstance(err.value, kube.Rejected)

@@ -3,7 +3,8 @@
 One family per module — `advantages`, `policy_loss`, `value_loss`, `kl`, `entropy`,
 `aggregation`, `preference` — each formula a function of tensors registered by name in
 `registry`; `base` defines the `Algorithm` interface the trainer calls, and `builtin` the
-shipped algorithms (ppo, grpo, rloo, reinforce_plus_plus, online_dpo, dynamic_kl_ppo).
+shipped algorithms (ppo, grpo, gspo, dr_grpo, rloo, reinforce_plus_plus, remax, online_dpo,
+dynamic_kl_ppo).
 
     from rlhf_trainer.algorithms import build_algorithm
     algo = build_algorithm("grpo", {"klCoef": 0.001, "lossAggMode": "seq-mean-token-mean"})
@@ -23,12 +24,15 @@ from .base import (
 )
 from .builtin import (
     GRPO,
+    GSPO,
     PPO,
     RLOO,
+    DrGRPO,
     DynamicKLPPO,
     OnlineDPO,
     PolicyGradientAlgorithm,
     ReinforcePlusPlus,
+    ReMax,
 )
 from .entropy import entropy_from_logits
 from .masking import count_normalizers, masked_mean, masked_sum, masked_whiten
@@ -48,6 +52,7 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "ALGORITHMS",
     "GRPO",
+    "GSPO",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
@@ -58,10 +63,12 @@ __all__ = [
     "Algorithm",
     "AlgorithmParams",
     "Batch",
+    "DrGRPO",
     "DynamicKLPPO",
     "OnlineDPO",
     "PolicyGradientAlgorithm",
     "Registry",
+    "ReMax",
     "ReinforcePlusPlus",
     "UnknownNameError",
     "advantages",

@@ -12,6 +12,9 @@ Contract
         name: ClassVar[str]             # the ALGORITHMS registry name
         needs_critic: ClassVar[bool]    # the job must run a critic role (value model)
         needs_reference: bool           # the job must run a reference policy (False on an instance whose params make it unused)
+        needs_baseline: bool            # the trainer must add `baseline_scores` (greedy responses' rewards, ReMax)
+        needs_entropy: bool             # compute_loss reads `entropy` (else the actor skips that work)
+        advantages_read_old_log_probs: bool  # compute_advantages reads `old_log_probs` (KL in the reward)
         Params: ClassVar[type[AlgorithmParams]]
 
         def __init__(self, **params)    # camelCase or snake_case keys; unknown key -> ValueError
@@ -43,10 +46,11 @@ depends on it (a missing one is a ValueError naming it and the keys present).
 | `token_rewards` | (B, T) | per-token rewards, optional (else `scores` on the last valid token) |
 | `scores` | (B,) | sequence-level reward |
 | `group_index` | (B,) long | which prompt each sample came from (group estimators) |
-| `baseline_scores` | (B,) | reward of the greedy response (remax) |
+| `baseline_scores` | (B,) | reward of the greedy response to the sample's prompt (remax; the trainer adds it when `needs_baseline`) |
 | `advantages`, `returns` | (B, T) | written by `compute_advantages` |
 | `chosen` | (B,) bool | preference: this sample is the preferred one of its pair |
 | `pair_index` | (B,) long | preference: the pair each sample belongs to |
+| `train_rows` | (B,) bool | optional output of `compute_advantages`: the samples the update trains on (online DPO: the members of a pair); the others are dropped before the update |
 | `global_tokens`, `global_seqs` | scalar | optional: valid tokens / non-empty sequences of the whole optimizer step over all micro-batches and ranks (see `aggregation`) |
 
 Returned losses are scalar tensors; metric values are Python floats under namespaced keys
@@ -72,17 +76,13 @@ Subclass `Algorithm` (or a built-in, see `builtin.DynamicKLPPO`), give it a `Par
 from __future__ import annotations
 
 import abc
-import dataclasses
 import inspect
-import re
-import types
-import typing
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from rlhf_trainer.spec import camel
+from rlhf_trainer.algorithm_params import AlgorithmParams, _snake, param
 
-from .registry import ALGORITHMS, Registry
+from .registry import ALGORITHMS
 
 __all__ = [
     "Algorithm",
@@ -100,102 +100,6 @@ __all__ = [
 Batch = dict[str, Any]
 
 P = TypeVar("P", bound="AlgorithmParams")
-
-
-def param(default: Any, doc: str, *, choices: Registry[Any] | tuple[str, ...] | None = None) -> Any:
-    """A documented params field. `choices`: a registry (any registered name or import path is
-    valid) or a tuple of allowed strings."""
-    return dataclasses.field(default=default, metadata={"doc": doc, "choices": choices})
-
-
-def _snake(key: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key).lower()
-
-
-def _type_name(hint: Any) -> str:
-    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
-
-
-def _coerce(name: str, value: Any, hint: Any) -> Any:
-    """Check `value` against a simple type hint (bool, int, float, str, X | None); ints become floats."""
-    options = (
-        typing.get_args(hint)
-        if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
-        else (hint,)
-    )
-    if value is None:
-        if type(None) in options:
-            return None
-        raise ValueError(f"param {name!r} must be {_type_name(hint)}, got None")
-    for option in options:
-        if option is bool and isinstance(value, bool):
-            return value
-        if option is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if option is str and isinstance(value, str):
-            return value
-    raise ValueError(f"param {name!r} must be {_type_name(hint)}, got {value!r} ({type(value).__name__})")
-
-
-@dataclasses.dataclass(frozen=True)
-class AlgorithmParams:
-    """Base of every algorithm's hyperparameters.
-
-    Fields are declared with `param(default, doc)`. Construction checks each value's type
-    (ints are accepted for floats), the `choices` of string fields, then `validate()` for
-    cross-field rules. `from_dict` additionally accepts camelCase keys (as written in a
-    manifest) and rejects unknown ones, naming them and listing the valid keys.
-    """
-
-    def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            value = _coerce(f.name, getattr(self, f.name), hints[f.name])
-            choices = f.metadata.get("choices")
-            if isinstance(value, str) and isinstance(choices, Registry):
-                choices.get(value)  # raises UnknownNameError listing the registered names
-            elif isinstance(value, str) and choices is not None and value not in choices:
-                raise ValueError(f"param {f.name!r} must be one of {', '.join(choices)}; got {value!r}")
-            object.__setattr__(self, f.name, value)
-        self.validate()
-
-    def validate(self) -> None:
-        """Cross-field checks; raise ValueError naming the fields. Subclasses extend it."""
-
-    @classmethod
-    def from_dict(cls: type[P], values: Mapping[str, Any] | None = None) -> P:
-        """Build from manifest params (camelCase or snake_case keys)."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        kwargs: dict[str, Any] = {}
-        for key, value in (values or {}).items():
-            name = _snake(str(key))
-            if name not in names:
-                valid = ", ".join(f"{n} ({camel(n)})" if camel(n) != n else n for n in names)
-                raise ValueError(f"unknown param {key!r} for {cls.__name__}; valid: {valid or '(none)'}")
-            if name in kwargs:
-                raise ValueError(f"param {name!r} given twice (as snake_case and camelCase)")
-            kwargs[name] = value
-        return cls(**kwargs)
-
-    @classmethod
-    def describe(cls) -> dict[str, tuple[Any, Any, str]]:
-        """{field: (type, default, doc)}; a string field's doc lists its valid values."""
-        hints = typing.get_type_hints(cls)
-        out: dict[str, tuple[Any, Any, str]] = {}
-        for f in dataclasses.fields(cls):
-            doc = str(f.metadata.get("doc", ""))
-            choices = f.metadata.get("choices")
-            if isinstance(choices, Registry):
-                doc += f" One of: {', '.join(choices.names())}, or an import path 'package.module:attribute'."
-            elif choices is not None:
-                doc += f" One of: {', '.join(choices)}."
-            out[f.name] = (hints[f.name], f.default, doc)
-        return out
-
-    def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 def bind_call(
@@ -243,7 +147,21 @@ class Algorithm(abc.ABC):
     #: Class default; an instance may turn it off when its params make the reference unused
     #: (a policy-gradient algorithm with klCoef 0 never reads ref_log_probs).
     needs_reference: bool = False
+    #: The advantages need `baseline_scores` (B,): the reward of a greedy response to each
+    #: sample's prompt, which the trainer generates and scores before the advantage phase (ReMax).
+    needs_baseline: bool = False
+    #: `compute_loss` reads `entropy` (B, T). The actor computes the entropy (a full-vocabulary
+    #: pass over the response logits, and its backward) only for algorithms that say so. True by
+    #: default, so an algorithm written before this flag keeps receiving it.
+    needs_entropy: bool = True
     Params: ClassVar[type[AlgorithmParams]] = AlgorithmParams
+
+    @property
+    def advantages_read_old_log_probs(self) -> bool:
+        """`compute_advantages` reads `old_log_probs` (a KL penalty in the reward), so the trainer
+        must compute them before the update even when the batch is trained on once. Default: any
+        algorithm with a reference policy might (the conservative answer for user algorithms)."""
+        return bool(self.needs_reference)
 
     def __init__(self, **params: Any) -> None:
         self.params = self.Params.from_dict(params)
@@ -277,12 +195,24 @@ class Algorithm(abc.ABC):
             )
 
 
-def build_algorithm(name_or_path: str, params: Mapping[str, Any] | None = None) -> Algorithm:
-    """Instantiate a registered algorithm (or `package.module:Class`) with manifest params."""
+def build_algorithm(name_or_path: str, params: Mapping[str, Any] | None = None, job: Any = None) -> Algorithm:
+    """Instantiate a registered algorithm (or `package.module:Class`) with manifest params.
+
+    `job`: the `JobSpec`; params its `Params.job_defaults` name and `params` leaves out are
+    taken from it (without a job they keep their declared defaults)."""
     cls = ALGORITHMS.get(name_or_path)
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise ValueError(f"{name_or_path!r} is {cls!r}, not a subclass of rlhf_trainer.algorithms.Algorithm")
-    return cls(**dict(params or {}))
+    given = dict(params or {})
+    if job is not None:
+        named = {_snake(str(k)) for k in given}
+        for field_name, path in cls.Params.job_defaults.items():
+            if field_name not in named:
+                value = job
+                for part in path.split("."):
+                    value = getattr(value, part)
+                given[field_name] = value
+    return cls(**given)
 
 
 def list_algorithms() -> list[str]:

@@ -1,4 +1,5 @@
-"""Built-in algorithms: PPO, GRPO, RLOO, REINFORCE++, online DPO, and DynamicKLPPO.
+"""Built-in algorithms: PPO, GRPO (and its presets GSPO and Dr.GRPO), RLOO, REINFORCE++, ReMax,
+online DPO, and DynamicKLPPO.
 
 The four policy-gradient algorithms share one implementation (`PolicyGradientAlgorithm`) and
 differ in their params: which advantage estimator they default to, whether the KL to the
@@ -12,15 +13,30 @@ can be swapped in through params alone.
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
+import warnings
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
+from rlhf_trainer import algorithm_params
+from rlhf_trainer.algorithm_params import (
+    DrGRPOParams,
+    DynamicKLPPOParams,
+    GRPOParams,
+    GSPOParams,
+    OnlineDPOParams,
+    PolicyGradientParams,
+    PPOParams,
+    ReinforcePlusPlusParams,
+    ReMaxParams,
+    RLOOParams,
+)
+
 from .aggregation import aggregate
-from .base import Algorithm, AlgorithmParams, Batch, bind_call, param, require
+from .base import Algorithm, AlgorithmParams, Batch, bind_call, require
 from .kl import apply_kl_penalty, kl_estimate, kl_loss
 from .masking import (
     check_mask,
@@ -42,6 +58,16 @@ from .registry import (
 )
 from .value_loss import clipped_value_loss
 
+for _registry_name, _registry in {
+    "ADVANTAGE_ESTIMATORS": ADVANTAGE_ESTIMATORS,
+    "POLICY_LOSSES": POLICY_LOSSES,
+    "LOSS_AGGREGATIONS": LOSS_AGGREGATIONS,
+    "KL_ESTIMATORS": KL_ESTIMATORS,
+    "KL_CONTROLLERS": KL_CONTROLLERS,
+    "PREFERENCE_LOSSES": PREFERENCE_LOSSES,
+}.items():
+    algorithm_params.bind_registry(_registry_name, _registry)
+
 __all__ = [
     "PolicyGradientParams",
     "PolicyGradientAlgorithm",
@@ -49,6 +75,12 @@ __all__ = [
     "PPO",
     "GRPOParams",
     "GRPO",
+    "GSPOParams",
+    "GSPO",
+    "DrGRPOParams",
+    "DrGRPO",
+    "ReMaxParams",
+    "ReMax",
     "RLOOParams",
     "RLOO",
     "ReinforcePlusPlusParams",
@@ -64,81 +96,8 @@ __all__ = [
 # Policy-gradient family
 # ---------------------------------------------------------------------------------------------
 
-
-def _like(base: type[AlgorithmParams], name: str, default: Any) -> Any:
-    """Re-declare `base`'s field `name` with a new default, keeping its documentation."""
-    inherited = base.__dataclass_fields__[name]  # type: ignore[attr-defined]
-    return dataclasses.field(default=default, metadata=inherited.metadata)
-
-
-@dataclasses.dataclass(frozen=True)
-class PolicyGradientParams(AlgorithmParams):
-    """Hyperparameters shared by PPO, GRPO, RLOO and REINFORCE++."""
-
-    advantage_estimator: str = param(
-        "gae", "Advantage estimator (ADVANTAGE_ESTIMATORS).", choices=ADVANTAGE_ESTIMATORS
-    )
-    policy_loss: str = param(
-        "ppo",
-        "Policy surrogate loss (POLICY_LOSSES): 'ppo' clipped or 'gspo' sequence-level.",
-        choices=POLICY_LOSSES,
-    )
-    clip_ratio_low: float = param(
-        0.2,
-        "Lower clip epsilon: the ratio is clipped at 1 - clip_ratio_low (the GSPO paper uses 3e-4 for gspo).",
-    )
-    clip_ratio_high: float = param(
-        0.2,
-        "Upper clip epsilon: the ratio is clipped at 1 + clip_ratio_high (DAPO's clip-higher uses 0.28; "
-        "GSPO 4e-4).",
-    )
-    clip_ratio_c: float | None = param(
-        3.0,
-        "Dual-clip constant c > 1 capping the loss at -c*A for negative advantages (ppo loss); null disables.",
-    )
-    log_ratio_clamp: float = param(20.0, "The log importance ratio is clamped to +-this before exp().")
-    loss_agg_mode: str = param(
-        "token-mean", "How token losses become one scalar (LOSS_AGGREGATIONS).", choices=LOSS_AGGREGATIONS
-    )
-    norm_length: float | None = param(
-        None, "Constant length divisor of seq-mean-token-sum-norm (set it to the generation budget); null: T."
-    )
-    entropy_coef: float = param(0.0, "Weight of the entropy bonus (needs batch key 'entropy'); 0 disables.")
-    kl_coef: float = param(0.001, "Initial coefficient beta of the KL to the reference policy; 0 disables.")
-    kl_estimator: str = param("k1", "Per-token KL estimator (KL_ESTIMATORS).", choices=KL_ESTIMATORS)
-    kl_in_reward: bool = param(
-        True, "true: subtract beta*KL from the rewards before advantages; false: add beta*KL to the loss."
-    )
-    kl_clamp: float | None = param(
-        None, "Bound on each per-token KL estimate; null keeps the estimator's own (verl: only k3, at 10)."
-    )
-    kl_controller: str = param(
-        "fixed",
-        "How beta evolves (KL_CONTROLLERS): 'fixed' or 'adaptive' (Ziegler et al. 2019).",
-        choices=KL_CONTROLLERS,
-    )
-    target_kl: float = param(0.1, "Target KL of the adaptive controller (and of dynamic_kl_ppo).")
-    horizon: float = param(10000.0, "Adaptive controller horizon, in samples.")
-    whiten_unbiased: bool = param(
-        True, "Whitening uses the unbiased variance (n - 1, verl) instead of the biased one (n, OpenRLHF)."
-    )
-
-    def validate(self) -> None:
-        if not 0.0 <= self.clip_ratio_low < 1.0:
-            raise ValueError(f"clip_ratio_low must be in [0, 1), got {self.clip_ratio_low}")
-        if self.clip_ratio_high < 0:
-            raise ValueError(f"clip_ratio_high must be >= 0, got {self.clip_ratio_high}")
-        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1.0:
-            raise ValueError(f"clip_ratio_c must be > 1 (or null), got {self.clip_ratio_c}")
-        for name in ("log_ratio_clamp", "target_kl", "horizon"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
-        for name in ("norm_length", "kl_clamp"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be > 0 or null, got {value}")
+#: A gspo clip range at least this wide is a token-level (PPO) range: warn (see `PolicyGradientAlgorithm`).
+GSPO_WIDE_CLIP = 0.01
 
 
 class PolicyGradientAlgorithm(Algorithm):
@@ -160,6 +119,23 @@ class PolicyGradientAlgorithm(Algorithm):
         # and no reference policy to run.
         if self.kl_coef == 0:
             self.needs_reference = False
+        # With entropyCoef 0 the entropy is neither in the loss nor worth a full-vocabulary pass.
+        self.needs_entropy = p.entropy_coef != 0
+        self.needs_baseline = "baseline_scores" in inspect.signature(self._estimator).parameters
+        if p.policy_loss == "gspo" and min(p.clip_ratio_low, p.clip_ratio_high) >= GSPO_WIDE_CLIP:
+            warnings.warn(
+                f"{self.name or type(self).__name__}: policyLoss gspo with clipRatioLow {p.clip_ratio_low} / "
+                f"clipRatioHigh {p.clip_ratio_high}, a token-level PPO range: GSPO's sequence-level ratio is "
+                "a geometric mean and its paper clips it at 3e-4 / 4e-4 with lossAggMode seq-mean-token-mean. "
+                "Use algorithm `gspo` for those defaults, or set the clip range explicitly.",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    @property
+    def advantages_read_old_log_probs(self) -> bool:
+        """Only the KL penalty in the reward (`klInReward` with a nonzero coefficient) reads them."""
+        return bool(self.params.kl_in_reward and self.kl_coef != 0)
 
     @property
     def kl_coef(self) -> float:
@@ -307,31 +283,6 @@ class PolicyGradientAlgorithm(Algorithm):
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class PPOParams(PolicyGradientParams):
-    """PPO with a critic and GAE (Ouyang et al. 2022 setup: KL penalty in the reward)."""
-
-    gamma: float = param(1.0, "Discount factor.")
-    lam: float = param(1.0, "GAE lambda (bias/variance trade-off; 1 = Monte Carlo returns minus values).")
-    gae_masking: str = param(
-        "carry",
-        "Masked positions in GAE: 'carry' skips them (verl), 'zero' zeroes rewards and values there (OpenRLHF).",
-        choices=("carry", "zero"),
-    )
-    whiten_advantages: bool = param(True, "Normalise GAE advantages over the batch's valid tokens.")
-    clip_range_value: float | None = param(
-        0.5, "Value clipping: the new value may move at most this far from the old one; null disables."
-    )
-
-    def validate(self) -> None:
-        super().validate()
-        for name in ("gamma", "lam"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.clip_range_value is not None and self.clip_range_value < 0:
-            raise ValueError(f"clip_range_value must be >= 0 or null, got {self.clip_range_value}")
-
-
 @ALGORITHMS.register("ppo")
 class PPO(PolicyGradientAlgorithm):
     """Proximal Policy Optimization (Schulman et al. 2017, arXiv:1707.06347) with a learned critic."""
@@ -356,22 +307,6 @@ class PPO(PolicyGradientAlgorithm):
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class GRPOParams(PolicyGradientParams):
-    """GRPO: group-normalised outcome advantages, KL as a loss term (k3) rather than in the reward."""
-
-    advantage_estimator: str = _like(PolicyGradientParams, "advantage_estimator", "grpo")
-    kl_estimator: str = _like(PolicyGradientParams, "kl_estimator", "k3")
-    kl_in_reward: bool = _like(PolicyGradientParams, "kl_in_reward", False)
-    epsilon: float = param(1e-6, "Added to the group std before dividing (verl 1e-6, OpenRLHF 1e-9).")
-    norm_by_std: bool = param(True, "Divide by the group std; false gives Dr.GRPO (arXiv:2503.20783).")
-
-    def validate(self) -> None:
-        super().validate()
-        if self.epsilon < 0:
-            raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
-
-
 @ALGORITHMS.register("grpo")
 class GRPO(PolicyGradientAlgorithm):
     """Group Relative Policy Optimization (Shao et al. 2024, arXiv:2402.03300); needs `group_index`."""
@@ -382,11 +317,51 @@ class GRPO(PolicyGradientAlgorithm):
     params: GRPOParams
 
 
-@dataclasses.dataclass(frozen=True)
-class RLOOParams(PolicyGradientParams):
-    """RLOO: leave-one-out baseline within each prompt's group, KL penalty in the reward."""
+@ALGORITHMS.register("gspo")
+class GSPO(GRPO):
+    """Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071), the paper's defaults.
 
-    advantage_estimator: str = _like(PolicyGradientParams, "advantage_estimator", "rloo")
+    GRPO's group-normalised advantages; the importance ratio per sequence, s_i = the geometric
+    mean of its token ratios (`policy_loss.gspo_loss`), clipped to [1 - 3e-4, 1 + 4e-4] (the
+    paper's ranges: s_i is length-normalised, so its range is tiny); the loss is the mean over
+    sequences of each sequence's token mean (`seq-mean-token-mean`); no KL term (klCoef 0, the
+    paper's objective has none; set klCoef to add GRPO's k3 KL loss).
+    """
+
+    name: ClassVar[str] = "gspo"
+    Params: ClassVar[type[AlgorithmParams]] = GSPOParams
+    params: GSPOParams
+
+
+@ALGORITHMS.register("dr_grpo")
+class DrGRPO(GRPO):
+    """Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783).
+
+    GRPO's two biases removed: advantages are r_i - mean of the group (no division by the
+    group std), and each sequence's token losses are summed and divided by a constant,
+    `normLength` (default in a job: the generation budget `rollout.maxNewTokens`), not by its
+    own length; the loss is the mean of those over sequences (`seq-mean-token-sum-norm`). A long
+    wrong answer is then penalised as much per token as a short one. KL as in GRPO.
+    """
+
+    name: ClassVar[str] = "dr_grpo"
+    Params: ClassVar[type[AlgorithmParams]] = DrGRPOParams
+    params: DrGRPOParams
+
+
+@ALGORITHMS.register("remax")
+class ReMax(PolicyGradientAlgorithm):
+    """ReMax (Li et al. 2023, arXiv:2310.10505): A = return - reward of the greedy response.
+
+    The trainer generates one greedy (temperature 0) response per prompt with the policy that
+    sampled the step, scores it with the job's rewards and passes it as `baseline_scores`
+    (`needs_baseline`); samplesPerPrompt can be 1.
+    """
+
+    name: ClassVar[str] = "remax"
+    needs_reference = True
+    Params: ClassVar[type[AlgorithmParams]] = ReMaxParams
+    params: ReMaxParams
 
 
 @ALGORITHMS.register("rloo")
@@ -397,19 +372,6 @@ class RLOO(PolicyGradientAlgorithm):
     needs_reference = True
     Params: ClassVar[type[AlgorithmParams]] = RLOOParams
     params: RLOOParams
-
-
-@dataclasses.dataclass(frozen=True)
-class ReinforcePlusPlusParams(PolicyGradientParams):
-    """REINFORCE++: discounted returns with the KL penalty in the reward, whitened over the batch."""
-
-    advantage_estimator: str = _like(PolicyGradientParams, "advantage_estimator", "reinforce_plus_plus")
-    gamma: float = param(1.0, "Discount factor of the returns.")
-
-    def validate(self) -> None:
-        super().validate()
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
 
 
 @ALGORITHMS.register("reinforce_plus_plus")
@@ -426,30 +388,6 @@ class ReinforcePlusPlus(PolicyGradientAlgorithm):
 # ---------------------------------------------------------------------------------------------
 # DynamicKLPPO: the worked example of a custom algorithm
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class DynamicKLPPOParams(PPOParams):
-    """PPO params plus the bounds of the KL coefficient schedule."""
-
-    kl_coef: float = _like(PPOParams, "kl_coef", 0.05)
-    beta_min: float = param(0.001, "Lower bound of the KL coefficient.")
-    beta_max: float = param(1.0, "Upper bound of the KL coefficient.")
-
-    def validate(self) -> None:
-        super().validate()
-        if not 0 < self.beta_min <= self.beta_max:
-            raise ValueError(
-                f"need 0 < beta_min <= beta_max, got beta_min={self.beta_min}, beta_max={self.beta_max}"
-            )
-        if not self.beta_min <= self.kl_coef <= self.beta_max:
-            raise ValueError(
-                f"kl_coef {self.kl_coef} must lie in [beta_min, beta_max] = [{self.beta_min}, {self.beta_max}]"
-            )
-        if self.kl_controller != "fixed":
-            raise ValueError(
-                f"dynamic_kl_ppo schedules the KL coefficient itself; kl_controller must be 'fixed', got {self.kl_controller!r}"
-            )
 
 
 @ALGORITHMS.register("dynamic_kl_ppo")
@@ -482,24 +420,38 @@ class DynamicKLPPO(PPO):
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class OnlineDPOParams(AlgorithmParams):
-    """Online DPO: two samples per prompt, the better-scored one is chosen, a preference loss on the pair."""
+def best_and_worst(scores: Tensor, group_index: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Each group's preference pair: its best- and worst-scored samples.
 
-    preference_loss: str = param(
-        "dpo", "Pairwise loss (PREFERENCE_LOSSES): 'dpo' or 'ipo'.", choices=PREFERENCE_LOSSES
-    )
-    beta: float = param(0.1, "Strength of the implicit KL regularisation to the reference.")
-    label_smoothing: float = param(0.0, "DPO only: assumed share of flipped preference labels, in [0, 0.5).")
-    length_normalize: bool = param(
-        False, "Use the mean instead of the sum of token log-probs per sequence (as TRL's IPO does)."
-    )
+    scores: (B,); group_index: (B,) integer label of each sample's group (G distinct labels).
+    Returns `chosen` (B,) bool (the group's first sample with the highest score), `rejected`
+    (B,) bool (its first sample with the lowest score) and `has_pair` (G,) bool, groups in
+    label order. A group with one sample, or whose scores are all equal, has no pair: none of
+    its samples is chosen or rejected.
+    """
+    ids, num_groups = group_ids(group_index)  # (B,), G
+    n = scores.shape[0]
+    sizes = torch.zeros(num_groups, dtype=torch.long, device=ids.device).index_add(
+        0, ids, torch.ones_like(ids)
+    )  # (G,)
+    best = torch.full((num_groups,), float("-inf"), dtype=scores.dtype, device=scores.device)
+    best = best.scatter_reduce(0, ids, scores, reduce="amax")  # (G,)
+    worst = torch.full((num_groups,), float("inf"), dtype=scores.dtype, device=scores.device)
+    worst = worst.scatter_reduce(0, ids, scores, reduce="amin")  # (G,)
+    has_pair = (sizes >= 2) & (best > worst)  # (G,): a tie has nothing to prefer
+    position = torch.arange(n, device=ids.device)  # (B,)
+    none = torch.full_like(position, n)
 
-    def validate(self) -> None:
-        if self.beta <= 0:
-            raise ValueError(f"beta must be > 0, got {self.beta}")
-        if not 0.0 <= self.label_smoothing < 0.5:
-            raise ValueError(f"label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
+    def first(where: Tensor) -> Tensor:  # (B,) bool -> (G,) first position per group, n if none
+        candidate = torch.where(where, position, none)
+        return torch.full((num_groups,), n, device=ids.device).scatter_reduce(
+            0, ids, candidate, reduce="amin"
+        )
+
+    paired = has_pair[ids]  # (B,)
+    chosen = (position == first(scores == best[ids])[ids]) & paired
+    rejected = (position == first(scores == worst[ids])[ids]) & paired
+    return chosen, rejected, has_pair
 
 
 @ALGORITHMS.register("online_dpo")
@@ -507,14 +459,25 @@ class OnlineDPO(Algorithm):
     """Online DPO (Guo et al. 2024, arXiv:2402.04792): DPO/IPO on pairs sampled from the current policy.
 
     `compute_advantages` does not produce advantages: it makes the pairs. When the batch has no
-    `chosen` / `pair_index`, each `group_index` group must hold exactly 2 samples and the one
-    with the higher `scores` is chosen (a tie goes to the earlier sample in the batch).
+    `chosen` / `pair_index`, each `group_index` group gives at most one pair: its best-scored
+    sample (chosen) and its worst-scored one (rejected), the earliest in the batch on equal
+    scores. A group without a pair — one sample left (the reward filter dropped the others) or
+    every score equal (a tie: no preference to learn) — is skipped, and so are the samples of a
+    group outside its pair. The returned `train_rows` (B,) bool says which samples the update
+    trains on; `dpo/pairs` and `dpo/groups_without_pair` count the step's groups.
     `compute_loss` needs `log_probs`, `ref_log_probs`, `response_mask`, `chosen`, `pair_index`;
     `global_seqs`, if given, counts sequences (2 per pair).
     """
 
     name: ClassVar[str] = "online_dpo"
     needs_reference = True
+    needs_entropy = False
+
+    @property
+    def advantages_read_old_log_probs(self) -> bool:
+        """The pairs come from the scores alone."""
+        return False
+
     Params: ClassVar[type[AlgorithmParams]] = OnlineDPOParams
     params: OnlineDPOParams
 
@@ -530,22 +493,16 @@ class OnlineDPO(Algorithm):
         scores = require(batch, "scores", who)
         group_index = require(batch, "group_index", who)
         check_per_sequence(mask, scores=scores, group_index=group_index)
-        ids, num_groups = group_ids(group_index)  # (B,), G
-        sizes = torch.zeros(num_groups, dtype=torch.long, device=ids.device).index_add(
-            0, ids, torch.ones_like(ids)
-        )
-        if bool((sizes != 2).any()):
-            raise ValueError(
-                f"{self.name} needs exactly 2 samples per group_index group, got group sizes {sizes.tolist()}"
-            )
-        best = torch.full((num_groups,), float("-inf"), dtype=scores.dtype, device=scores.device)
-        best = best.scatter_reduce(0, ids, scores, reduce="amax")  # (G,)
-        position = torch.arange(scores.shape[0], device=ids.device)  # (B,)
-        candidate = torch.where(scores == best[ids], position, torch.full_like(position, scores.shape[0]))
-        first_best = torch.full((num_groups,), scores.shape[0], device=ids.device).scatter_reduce(
-            0, ids, candidate, reduce="amin"
-        )  # (G,)
-        return {**batch, "chosen": position == first_best[ids], "pair_index": group_index}
+        chosen, rejected, has_pair = best_and_worst(scores, group_index)  # (B,), (B,), (G,)
+        train_rows = chosen | rejected
+        return {
+            **batch,
+            "chosen": chosen,
+            "pair_index": group_index,
+            "train_rows": train_rows,
+            "dpo/pairs": float(has_pair.sum()),
+            "dpo/groups_without_pair": float((~has_pair).sum()),
+        }
 
     def compute_loss(self, batch: Batch) -> dict[str, Any]:
         p = self.params

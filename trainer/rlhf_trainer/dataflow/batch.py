@@ -26,6 +26,8 @@ class StepBatch:
     """Extra dataset columns of each row's prompt (reward-function keyword arguments)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """What the operators measured on this batch (namespaced keys)."""
+    messages: list[list[dict[str, Any]] | None] = field(default_factory=list)
+    """Each row's prompt as chat messages (`PromptItem.messages`; None for a plain-text prompt)."""
 
     def __len__(self) -> int:
         return int(self.tensors["response_mask"].shape[0])
@@ -51,6 +53,7 @@ class StepBatch:
             responses=[self.responses[i] for i in idx] if self.responses else [],
             columns=[self.columns[i] for i in idx] if self.columns else [],
             metrics=dict(self.metrics),
+            messages=[self.messages[i] for i in idx] if self.messages else [],
         )
 
     def algorithm_batch(self) -> dict[str, Tensor]:

@@ -8,9 +8,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlhf_trainer.spec import JobSpec
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from rlhf_trainer.algorithms.base import Algorithm
+    from rlhf_trainer.data import PromptDataset
+    from rlhf_trainer.sync.fleet import RolloutFleet
+    from rlhf_trainer.workers.group import WorkerGroup
 
 
 @dataclass
@@ -18,30 +26,37 @@ class TrainerContext:
     spec: JobSpec
     job_name: str
     run_dir: Path
-    tokenizer: Any
-    dataset: Any
-    """`data.PromptDataset`: the prompt source, with a resumable position."""
-    algorithm: Any
-    """The job's `Algorithm` (advantages, KL-controller state); workers hold copies for the loss."""
-    actor: Any
-    """`WorkerGroup` of `ActorWorker` (generates too, in colocated placement)."""
-    reward: Any
-    critic: Any = None
-    reference: Any = None
-    rollout: Any = None
-    """`WorkerGroup` of `RolloutWorker`, disaggregated placement only."""
-    fleet: Any = None
-    """`elastic.RolloutFleet` over `rollout`: prompt leases, the weight-sync group, autoscaling."""
+    tokenizer: PreTrainedTokenizerBase
+    dataset: PromptDataset
+    """The prompt source, with a resumable position."""
+    algorithm: Algorithm
+    """The job's algorithm (advantages, KL-controller state); workers hold copies for the loss."""
+    actor: WorkerGroup = field(init=False, repr=False)
+    """`ActorWorker` ranks (they generate too, in colocated placement). Set by
+    `controller.start_workers`, after the stream is built (the stream says which roles run)."""
+    reward: WorkerGroup = field(init=False, repr=False)
+    """`RewardWorker` replicas. Set by `controller.start_workers`."""
+    critic: WorkerGroup | None = None
+    """`CriticWorker` ranks, when an algorithm of the stream needs a critic."""
+    reference: WorkerGroup | None = None
+    """`ReferenceWorker` replicas, when an algorithm of the stream has a KL term."""
+    rollout: WorkerGroup | None = None
+    """`RolloutWorker` replicas, disaggregated placement only."""
+    fleet: RolloutFleet | None = None
+    """The elastic fleet over `rollout` (`sync.fleet`): prompt leases, the weight-sync group, and
+    the source of membership changes (the local policy, or the operator on a cluster)."""
     step: int = 0
     policy_version: int = 0
     """Bumped by every policy update; rollout workers tag each sample with the version they ran."""
+    eval_prompts: list[Any] = field(default_factory=list)
+    """The evaluation's prompts (`data.PromptItem`s of `spec.eval.path`), in file order."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def colocated(self) -> bool:
         return self.rollout is None
 
-    def generators(self) -> Any:
+    def generators(self) -> WorkerGroup:
         """The group that samples responses: the actors (hybrid engine) or the rollout fleet."""
         return self.actor if self.rollout is None else self.rollout
 

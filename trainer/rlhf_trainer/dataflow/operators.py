@@ -64,7 +64,7 @@ class UpdateOperator:
         if algorithm is None:
             algorithm = ctx.algorithm
         elif isinstance(algorithm, str):
-            algorithm = build_algorithm(algorithm, params)
+            algorithm = build_algorithm(algorithm, params, job=ctx.spec)
         self.algorithm = algorithm
 
     def algorithms(self) -> list[Any]:
@@ -76,6 +76,18 @@ class UpdateOperator:
         if len(batch) < len(self.ctx.actor):
             batch.metrics["update/skipped"] = 1.0  # fewer samples than actor ranks: nothing sensible to do
             return batch
+        batch = self.prepare(batch)
+        if len(batch) < len(self.ctx.actor):  # online DPO: too few pairs among the samples
+            batch.metrics["update/skipped"] = 1.0
+            return batch
+        with timed(batch.metrics, "update"):
+            batch = phases.update_policy(self.ctx, batch, self.algorithm)
+        return batch
+
+    def prepare(self, batch: StepBatch) -> StepBatch:
+        """Everything before the update: reference log-probs, critic values, old log-probs, the
+        greedy baseline (ReMax) and the advantages (or pairs). `ConditionalUpdateOperator` prepares each branch with this,
+        then trains all branches in one update."""
         ctx, algo, m = self.ctx, self.algorithm, batch.metrics
         with timed(m, "reference"):
             batch = phases.reference_log_probs(ctx, batch, algo)
@@ -83,10 +95,10 @@ class UpdateOperator:
             batch = phases.critic_values(ctx, batch, algo)
         with timed(m, "old_log_probs"):
             batch = phases.policy_log_probs(ctx, batch, algo)
+        with timed(m, "baseline"):
+            batch = phases.greedy_baseline(ctx, batch, algo)
         with timed(m, "advantage"):
             batch = phases.compute_advantages(ctx, batch, algo)
-        with timed(m, "update"):
-            batch = phases.update_policy(ctx, batch, algo)
         return batch
 
 

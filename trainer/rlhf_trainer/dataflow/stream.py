@@ -12,13 +12,13 @@
 An operator is any callable `op(batch) -> batch`; the first one of a step receives `None` and
 produces the batch (the rollout). `ConditionalUpdateOperator(condition, true_branch,
 false_branch)` routes each sample to one of two sub-streams (PPO on high-reward samples,
-online DPO on the rest).
+online DPO on the rest) and trains them all in one update.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor
@@ -95,11 +95,23 @@ class FilterOperator:
 
 
 class ConditionalUpdateOperator:
-    """Route each sample by `condition(batch) -> (B,) bool` to `true_branch` or `false_branch`.
+    """Route each sample by `condition(batch) -> (B,) bool` to `true_branch` or `false_branch`,
+    then train every routed sample in ONE update of the policy.
 
     A branch is an operator or a list of operators; each runs on its own rows (skipped when it
-    has none). Their metrics are merged under `true/` and `false/`. For group-based algorithms
-    make the condition constant within a prompt's group (see `group_mean_at_least`).
+    has none). An update operator in a branch (`UpdateOperator` and its subclasses, at most one
+    per branch) only *prepares* its rows there — reference log-probs, critic values, advantages
+    or pairs, with its own algorithm — and then one actor (and critic) update trains all rows
+    together, each by its branch's loss normalised over its branch's rows, the step's loss being
+    the sum of the branch losses (`phases.update_branches`). So a training step makes one
+    optimizer and scheduler step (per mini-batch and epoch, as a plain update does), bumps the
+    policy version once, and the old log-probs of every branch are those of the policy that
+    generated the samples (taken before the update, once for the whole batch).
+
+    Metrics are merged under `true/` and `false/` (a branch's own losses: `true/actor/pg_loss`,
+    `true/actor/loss`); the update's shared ones (`actor/loss`, `actor/lr`, `actor/grad_norm`)
+    keep their plain names. For group-based algorithms make the condition constant within a
+    prompt's group (see `group_mean_at_least`).
     """
 
     def __init__(
@@ -110,13 +122,35 @@ class ConditionalUpdateOperator:
     ):
         self.condition = condition
         self.branches = {"true": _as_stream(true_branch), "false": _as_stream(false_branch)}
+        for name, stream in self.branches.items():
+            if stream is None:
+                continue
+            if any(isinstance(op, ConditionalUpdateOperator) for op in stream.operators):
+                raise ValueError(
+                    f"ConditionalUpdateOperator: {name}_branch holds another ConditionalUpdateOperator"
+                )
+            if len(_updaters(stream)) > 1:
+                raise ValueError(
+                    f"ConditionalUpdateOperator: {name}_branch holds {len(_updaters(stream))} update operators; "
+                    "one update per branch (a step trains once)"
+                )
 
     def __call__(self, batch: StepBatch | None) -> StepBatch:
+        from rlhf_trainer.dataflow import phases
+        from rlhf_trainer.dataflow.context import timed
+
         if batch is None:
             raise ValueError("ConditionalUpdateOperator: nothing to route (put it after the rollout)")
         mask = torch.as_tensor(self.condition(batch), dtype=torch.bool)
         if mask.dim() == 0:
             mask = mask.expand(len(batch))
+        updaters = [u for s in self.branches.values() if s is not None for u in _updaters(s)]
+        ctx = updaters[0].ctx if updaters else None
+        if ctx is not None:  # old log-probs of the generating policy, before any branch trains
+            with timed(batch.metrics, "old_log_probs"):
+                for u in updaters:
+                    batch = phases.policy_log_probs(ctx, batch, u.algorithm)
+        trained: list[tuple[str, Any, StepBatch]] = []
         for name, rows in (("true", mask), ("false", ~mask)):
             stream = self.branches[name]
             batch.metrics[f"{name}/samples"] = float(rows.sum())
@@ -124,16 +158,52 @@ class ConditionalUpdateOperator:
                 continue
             part = batch.select(rows)
             part.metrics = {}
-            done = stream.run(part)
-            for key, value in done.metrics.items():
-                if key.startswith("timing/"):  # phases add up across branches: step time stays whole
-                    batch.metrics[key] = batch.metrics.get(key, 0.0) + value
+            for op in stream.operators:
+                prepare = getattr(op, "prepare", None)
+                if prepare is not None:
+                    part = prepare(part)
+                    if len(part):  # online DPO may find no pair among its rows
+                        trained.append((name, cast(Any, op).algorithm, part))
                 else:
-                    batch.metrics[f"{name}/{key}"] = value
+                    part = op(part)
+            self._merge_metrics(batch, name, part.metrics)
+        if ctx is not None and trained:
+            self._update(ctx, batch, trained)
         return batch
+
+    @staticmethod
+    def _merge_metrics(batch: StepBatch, name: str, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            if key.startswith("timing/"):  # phases add up across branches: step time stays whole
+                batch.metrics[key] = batch.metrics.get(key, 0.0) + value
+            else:
+                batch.metrics[f"{name}/{key}"] = value
+
+    @staticmethod
+    def _update(ctx: Any, batch: StepBatch, trained: list[tuple[str, Any, StepBatch]]) -> None:
+        """The one update of the step over every branch's prepared rows."""
+        from rlhf_trainer.dataflow import phases
+        from rlhf_trainer.dataflow.context import timed
+
+        merged, fillers = phases.merge_branches([(name, part) for name, _, part in trained])
+        if len(merged) < len(ctx.actor):
+            batch.metrics["update/skipped"] = 1.0  # fewer samples than actor ranks
+            return
+        branches = [
+            phases.Branch(name, algorithm, filler) for (name, algorithm, _), filler in zip(trained, fillers)
+        ]
+        with timed(batch.metrics, "update"):
+            done = phases.update_branches(ctx, merged, branches)
+        for key, value in done.metrics.items():
+            batch.metrics[key] = value
 
     def algorithms(self) -> list[Any]:
         return [a for s in self.branches.values() if s is not None for a in s.algorithms()]
+
+
+def _updaters(stream: DataStream) -> list[Any]:
+    """The operators of `stream` that prepare-then-update (`UpdateOperator`s)."""
+    return [op for op in stream.operators if callable(getattr(op, "prepare", None))]
 
 
 def group_mean_at_least(threshold: float, key: str = "scores") -> Callable[[StepBatch], Tensor]:

@@ -151,6 +151,10 @@ class FunctionReward:
         self._accepts_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
         self._accepted = {p.name for p in params}
 
+    def declares(self, name: str) -> bool:
+        """The function names parameter `name` itself (not only through `**kwargs`)."""
+        return name in self._accepted
+
     def compute_reward(self, prompts: list[str], responses: list[str], **columns: Any) -> list[float]:
         if not self._accepts_all:
             columns = {k: v for k, v in columns.items() if k in self._accepted}
@@ -158,7 +162,14 @@ class FunctionReward:
 
 
 class RewardModelScorer:
-    """Scores `prompt + response` with a local `AutoModelForSequenceClassification` (1 label: logit 0)."""
+    """Scores each (prompt, response) with a local `AutoModelForSequenceClassification` (1 label:
+    logit 0).
+
+    When the reward model's tokenizer has a chat template (reward models are trained on chat
+    transcripts), the sample is rendered through it as a conversation — the prompt's messages
+    (`prompt_messages`: the data's chat messages; else one user turn holding the prompt text),
+    then the response as the assistant's turn — and tokenized without adding special tokens
+    again (the template places them). Without a template it scores `prompt + response`."""
 
     def __init__(
         self,
@@ -192,11 +203,34 @@ class RewardModelScorer:
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
 
-    def compute_reward(self, prompts: list[str], responses: list[str], **_: Any) -> list[float]:
+    def texts(
+        self,
+        prompts: list[str],
+        responses: list[str],
+        prompt_messages: Sequence[list[dict[str, Any]] | None] | None = None,
+    ) -> tuple[list[str], bool]:
+        """What the model reads for each sample, and whether the tokenizer adds special tokens."""
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            return [p + r for p, r in zip(prompts, responses)], True
+        messages = prompt_messages if prompt_messages is not None else [None] * len(prompts)
+        texts = []
+        for prompt, response, msgs in zip(prompts, responses, messages):
+            turns = list(msgs) if msgs else [{"role": "user", "content": prompt}]
+            conversation = [*turns, {"role": "assistant", "content": response}]
+            texts.append(str(self.tokenizer.apply_chat_template(conversation, tokenize=False)))
+        return texts, False
+
+    def compute_reward(
+        self,
+        prompts: list[str],
+        responses: list[str],
+        prompt_messages: Sequence[list[dict[str, Any]] | None] | None = None,
+        **_: Any,
+    ) -> list[float]:
         import torch
 
         scores: list[float] = []
-        texts = [p + r for p, r in zip(prompts, responses)]
+        texts, special = self.texts(prompts, responses, prompt_messages)
         with torch.no_grad():
             for start in range(0, len(texts), self.batch_size):
                 enc = self.tokenizer(
@@ -205,6 +239,7 @@ class RewardModelScorer:
                     padding=True,
                     truncation=self.max_length is not None,
                     max_length=self.max_length,
+                    add_special_tokens=special,
                 ).to(self.device)
                 logits = self.model(**enc).logits  # (b, num_labels)
                 scores.extend(logits[:, 0].float().tolist())
@@ -263,9 +298,12 @@ class CombinedReward:
         prompts: list[str],
         responses: list[str],
         columns: dict[str, list[Any]] | list[dict[str, Any]] | None = None,
+        messages: Sequence[list[dict[str, Any]] | None] | None = None,
     ) -> RewardResult:
         """Score a batch. `columns` holds the prompt file's other columns, either by key (a list per
-        column) or by sample (one dict per sample, as `PromptItem.columns`)."""
+        column) or by sample (one dict per sample, as `PromptItem.columns`). `messages`: each
+        prompt as chat messages (`PromptItem.messages`, None for plain text), passed as
+        `prompt_messages` to the reward model and to reward functions that name that parameter."""
         n = len(responses)
         if len(prompts) != n:
             raise ValueError(f"compute: {len(prompts)} prompts for {n} responses")
@@ -273,12 +311,17 @@ class CombinedReward:
         for key, values in columns.items():
             if len(values) != n:
                 raise ValueError(f"compute: column {key!r} has {len(values)} values for {n} responses")
+        if messages is not None and len(messages) != n:
+            raise ValueError(f"compute: {len(messages)} prompt messages for {n} responses")
         totals = [0.0] * n
         failed = [False] * n
         errors: list[RewardError] = []
         per_reward: dict[str, list[float]] = {}
         for r in self.rewards:
-            scores, errs = _score_with_retry(r.name, r.calc, prompts, responses, columns)
+            given = columns
+            if messages is not None and _declares(r.calc, PROMPT_MESSAGES):
+                given = {**columns, PROMPT_MESSAGES: list(messages)}
+            scores, errs = _score_with_retry(r.name, r.calc, prompts, responses, given)
             per_reward[r.name] = scores
             errors.extend(errs)
             for i, s in enumerate(scores):
@@ -299,6 +342,17 @@ class CombinedReward:
                     totals[i] = math.nan
                     valid[i] = False
         return RewardResult(scores=totals, valid=valid, errors=errors, per_reward=per_reward)
+
+
+#: The keyword under which a reward gets each prompt's chat messages (when it names it).
+PROMPT_MESSAGES = "prompt_messages"
+
+
+def _declares(calc: Any, name: str) -> bool:
+    declares = getattr(calc, "declares", None)
+    if callable(declares):
+        return bool(declares(name))
+    return name in inspect.signature(calc.compute_reward).parameters
 
 
 def _columns_by_key(

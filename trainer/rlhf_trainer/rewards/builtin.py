@@ -52,3 +52,34 @@ def response_length(
 ) -> list[float]:
     """`scale` × characters in the response (a toy shaping term, useful in examples and tests)."""
     return [scale * len(r) for r in responses]
+
+
+#: A number as people write it in a worked answer: sign, thousands separators, decimals.
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def final_number(text: str) -> str | None:
+    """The final answer of a worked solution: what follows the last `####` marker (GSM8K's format)
+    when there is one, else the text; of that, its last number, without thousands separators or a
+    trailing `.0`. None when there is no number."""
+    tail = text.rsplit("####", 1)[-1]
+    numbers = _NUMBER.findall(tail)
+    if not numbers:
+        return None
+    value = numbers[-1].replace(",", "")
+    if "." in value:
+        value = value.rstrip("0").rstrip(".")
+    return value
+
+
+def final_answer(
+    prompts: Sequence[str], responses: Sequence[str], answer: Sequence[Any] | None = None, **_: Any
+) -> list[float]:
+    """1.0 when the response's final number (`final_number`) equals the reference's, else 0.0 —
+    math word problems such as GSM8K, whose `answer` column ends in `#### <number>`."""
+    expected = _answers(answer, len(responses), "final_answer")
+    out = []
+    for r, a in zip(responses, expected):
+        want = final_number(a)
+        out.append(1.0 if want is not None and final_number(r) == want else 0.0)
+    return out

@@ -145,8 +145,9 @@ class HFRolloutEngine:
         return loaded
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], n: int = 1) -> RolloutBatch:
-        """Sample `n` responses per prompt (rows of one prompt adjacent). See `RolloutBatch`."""
+    def generate(self, prompt_ids: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
+        """Sample `n` responses per prompt (rows of one prompt adjacent). See `RolloutBatch`.
+        `greedy`: decode with temperature 0 (argmax) whatever the engine's sampling settings."""
         if not prompt_ids:
             raise ValueError("generate: no prompts given")
         for i, p in enumerate(prompt_ids):
@@ -166,7 +167,7 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            tokens, logps, alive_mask, finished = self._decode(prompt, prompt_mask)
+            tokens, logps, alive_mask, finished = self._decode(prompt, prompt_mask, greedy)
         finally:
             self.model.train(was_training)
         return RolloutBatch(
@@ -181,9 +182,10 @@ class HFRolloutEngine:
         )
 
     def _decode(
-        self, prompt: torch.Tensor, prompt_mask: torch.Tensor
+        self, prompt: torch.Tensor, prompt_mask: torch.Tensor, greedy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         b = prompt.shape[0]
+        temperature = 0.0 if greedy else self.temperature
         dev = prompt.device
         eos = torch.tensor(sorted(self.eos_ids), device=dev)
         attention = prompt_mask
@@ -201,7 +203,7 @@ class HFRolloutEngine:
         finished = torch.zeros(b, dtype=torch.bool, device=dev)
         toks, lps, alive = [], [], []
         for step in range(self.max_new_tokens):
-            tok, lp = sample_tokens(logits, self.temperature, self.top_k, self.top_p, self.generator)
+            tok, lp = sample_tokens(logits, temperature, self.top_k, self.top_p, self.generator)
             tok = tok.masked_fill(finished, self.pad_token_id)
             lp = lp.masked_fill(finished, 0.0)
             toks.append(tok)

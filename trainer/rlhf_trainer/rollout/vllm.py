@@ -121,13 +121,14 @@ class VLLMRolloutEngine:
         self.weights_version += 1
         return loaded
 
-    def generate(self, prompt_ids: list[list[int]], n: int = 1) -> RolloutBatch:
+    def generate(self, prompt_ids: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
+        """`n` samples per prompt; `greedy`: temperature 0 whatever the engine's settings."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         if not prompt_ids:
             raise ValueError("generate: no prompts given")
-        greedy = self.temperature <= 0
+        greedy = greedy or self.temperature <= 0
         params = SamplingParams(
             n=n,
             temperature=0.0 if greedy else self.temperature,

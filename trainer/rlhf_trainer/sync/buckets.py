@@ -104,8 +104,41 @@ def _opts(src: int, timeout: float | None) -> dist.BroadcastOptions:
     return o
 
 
+def nccl_watchdog_timeout(timeout: float) -> float:
+    """The NCCL op timeout of a sync whose CPU-side deadline is `timeout` (`complete`): longer, so
+    the CPU gives up and aborts the group before NCCL's watchdog acts on the op."""
+    return 2 * timeout + 30
+
+
 def _bcast(group: Group, t: torch.Tensor, src: int, timeout: float | None) -> Any:
+    if t.is_cuda and timeout is not None:
+        timeout = nccl_watchdog_timeout(timeout)
     return group.broadcast([t], _opts(src, timeout))
+
+
+#: How often the CPU looks at a GPU collective that is not done yet (`complete`).
+GPU_POLL_SECONDS = 0.0005
+
+
+def complete(work: Any, timeout: float | None, device: torch.device) -> None:
+    """Wait until one collective is done, or raise within `timeout`.
+
+    Gloo (CPU tensors): `Work.wait()`, which the op's own timeout bounds. NCCL (GPU tensors):
+    `wait()` only makes the current stream wait, so a dead peer would hang whatever touches the
+    data next; instead the CPU polls `Work.is_completed()` (true once the GPU finished it) up to
+    `timeout` and then raises `TimeoutError`, and the caller aborts the group (`SyncGroup`). The
+    group's own NCCL timeout is set longer, so its watchdog never acts first."""
+    if device.type != "cuda" or timeout is None:
+        work.wait()
+        return
+    deadline = time.monotonic() + timeout
+    while not work.is_completed():
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"a weight-sync collective did not complete within {timeout:g}s (a member died?)"
+            )
+        time.sleep(GPU_POLL_SECONDS)
+    work.wait()  # raises the collective's error, if it had one
 
 
 def is_dtensor(t: object) -> bool:
@@ -151,18 +184,19 @@ def _send_header(
             "tensors": [[m.name, list(m.shape), m.dtype] for m in metas],
         }
     ).encode()
-    _bcast(group, torch.tensor([len(payload)], dtype=torch.int64, device=device), src, timeout).wait()
+    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    complete(_bcast(group, size, src, timeout), timeout, device)
     body = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
-    _bcast(group, body, src, timeout).wait()
+    complete(_bcast(group, body, src, timeout), timeout, device)
 
 
 def _recv_header(
     group: Group, src: int, timeout: float | None, device: torch.device
 ) -> tuple[list[TensorMeta], int, tuple[int, int]]:
     n = torch.zeros(1, dtype=torch.int64, device=device)
-    _bcast(group, n, src, timeout).wait()
+    complete(_bcast(group, n, src, timeout), timeout, device)
     buf = torch.empty(int(n.item()), dtype=torch.uint8, device=device)
-    _bcast(group, buf, src, timeout).wait()
+    complete(_bcast(group, buf, src, timeout), timeout, device)
     d = json.loads(bytes(buf.cpu().numpy()).decode())
     metas = [TensorMeta(name, tuple(shape), dt) for name, shape, dt in d["tensors"]]
     return metas, int(d["version"]), (int(d["bucket_bytes"]), int(d["pack_below"]))
@@ -254,7 +288,7 @@ def bucketed_broadcast(
 
     def retire_oldest() -> None:
         work, buf, _ = inflight.popleft()
-        work.wait()
+        complete(work, timeout, dev)
         if buf is not None:
             free.append(buf)
 
@@ -404,7 +438,7 @@ def receive_broadcast(
     post_ahead()
     for m, msg in enumerate(msgs):
         work, buf = works.pop(m)
-        work.wait()
+        complete(work, timeout, dev)
         pos = 0
         for i, off, n in msg:
             if buf is not None:

@@ -10,7 +10,16 @@ No default process group is involved, so the actor's own training group (FSDP2) 
 process can be in several sync groups at once (one per TP channel, see below), and an old group is
 simply dropped. Constructing one costs tens of milliseconds on one host (measured: 2-70 ms for 2-3
 members). `backend="nccl"` builds a `ProcessGroupNCCL` the same way, with the buckets on the
-rank's GPU (`device`) — written but not yet run on a GPU: none was lent so far. (torch >= 2.8 also has
+rank's GPU (`device`); the control channel (start marks, acks, outcomes) stays on the TCPStore, so
+the protocol below is the same. A dead member must not take the trainer down with NCCL's watchdog
+(by default it tears the process down when an op times out): the CPU polls each collective and
+gives up after `timeout` (`buckets.complete`), the group is then aborted (`ProcessGroupNCCL.abort`)
+and dropped, the NCCL op timeout is set longer than that (`buckets.nccl_watchdog_timeout`), a
+receiver marks itself ready in the store before each NCCL stream (the source streams only when
+all did: a communicator's creation would wait for a dead rank with no timeout), and
+the group is built with `TORCH_NCCL_ASYNC_ERROR_HANDLING=2` (abort the communicator only, never
+the process; torch reads it when a group is constructed). Written against the documented torch.distributed APIs; the NCCL path runs
+only on GPUs (tests/gpu), which no session has had so far. (torch >= 2.8 also has
 `Backend.shrink`/`reconfigure` on some backends; a fresh group works on every version and backend.)
 
 One sync (`push` on the source, `receive` on every other member) is confirmed, not hoped for:
@@ -49,17 +58,25 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from rlhf_trainer import contract
+
 from .buckets import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_MAX_INFLIGHT,
     Sink,
     SyncStats,
     bucketed_broadcast,
+    nccl_watchdog_timeout,
     receive_broadcast,
 )
 from .reshard import ReshardPlan
 
 log = logging.getLogger(__name__)
+
+#: PyTorch's documented switch (TORCH_NCCL_ASYNC_ERROR_HANDLING) for what ProcessGroupNCCL's
+#: watchdog does on an error or timeout: 3 (torch's default) and 1 (the pods', for gang restarts
+#: of the training groups) tear the process down; 2 only aborts the communicator.
+NCCL_ABORT_COMMUNICATOR_ONLY = "2"
 
 
 class SyncError(RuntimeError):
@@ -174,8 +191,11 @@ class SyncGroup:
         try:
             if self.backend == "nccl":
                 nccl_opts = dist.ProcessGroupNCCL.Options()
-                nccl_opts._timeout = timedelta(seconds=self.timeout)
-                self._pg = dist.ProcessGroupNCCL(store, self.rank, len(self.members), nccl_opts)
+                nccl_opts._timeout = timedelta(seconds=nccl_watchdog_timeout(self.timeout))
+                # This group only: on an error its watchdog aborts the communicator, never the
+                # process (the training group keeps the pod's tear-down for gang restarts).
+                with contract.ENV_TORCH_NCCL_ASYNC_ERROR_HANDLING.overridden(NCCL_ABORT_COMMUNICATOR_ONLY):
+                    self._pg = dist.ProcessGroupNCCL(store, self.rank, len(self.members), nccl_opts)
             else:
                 opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
                 opts._timeout = timedelta(seconds=self.timeout)
@@ -201,6 +221,12 @@ class SyncGroup:
             # Not every backend supports abort; dropping the group then suffices.
             with contextlib.suppress(Exception):
                 pg.abort()
+
+    def _abort_gpu_group(self) -> None:
+        """NCCL: a failed stream leaves a kernel waiting for a dead peer on this GPU; abort the
+        communicator now (the next epoch builds a new group). Gloo's ops already returned."""
+        if self.backend == "nccl":
+            self._retire()
 
     def close(self) -> None:
         self._retire()
@@ -235,9 +261,16 @@ class SyncGroup:
         for attempt in range(1, self.max_attempts + 1):
             base = f"{self._base()}/s{self._seq}"
             stats, err = SyncStats(), self._connect_error
+            streams = self._pg is not None and len(self.members) > 1
+            missing = self._unready(base, self.members[1:]) if streams else []
+            if missing:  # NCCL: never start a stream (or a communicator) with a member already gone
+                err, streams = (
+                    SyncError(f"{missing} not ready for the stream within {self.timeout:g}s"),
+                    False,
+                )
             if len(self.members) > 1:  # tell the receivers to go (or, without a group, to ack an error)
-                self.store.set(base + "/start", "go" if self._pg is not None else "skip")
-            if self._pg is not None and len(self.members) > 1:
+                self.store.set(base + "/start", "go" if streams else "skip")
+            if streams:
                 try:
                     stats = bucketed_broadcast(
                         items, self._pg, 0, self.bucket_bytes, version=version,
@@ -245,6 +278,7 @@ class SyncGroup:
                     )  # fmt: skip
                 except Exception as e:
                     err = e
+                    self._abort_gpu_group()
             elif len(self.members) == 1:
                 err = None  # nobody to send to
             receivers = self.members[1:]
@@ -277,6 +311,8 @@ class SyncGroup:
             stats, err = SyncStats(), self._connect_error
             if self._pg is not None:
                 try:
+                    if self.backend == "nccl":
+                        self.store.set(f"{base}/ready/{self.me}", "1")
                     # Wait in the store, not in a gloo op, for the source to start: its gloo
                     # timeout is for a stalled transfer, not for a source still busy elsewhere.
                     self._wait_key(base + "/start")
@@ -292,6 +328,7 @@ class SyncGroup:
                     )
                 except Exception as e:
                     err = e
+                    self._abort_gpu_group()
             self.store.set(f"{base}/ack/{self.me}", "ok" if err is None else "error")
             outcome = self._wait_outcome(base)
             if outcome["ok"]:
@@ -306,6 +343,20 @@ class SyncGroup:
             log.warning("weight sync %s failed (%s); rejoining epoch %d", base, err, outcome["epoch"])
             self.members, self.epoch, self._seq = list(outcome["members"]), int(outcome["epoch"]), 0
             self._connect()
+
+    def _unready(self, base: str, receivers: list[str]) -> list[str]:
+        """NCCL only: the receivers that did not mark themselves ready within `timeout`. A NCCL
+        communicator is created at the first collective and that creation waits, on the CPU and
+        with no timeout, for every rank; a member that died before the sync is caught here, in the
+        store, instead. (One that dies mid-stream is caught by `buckets.complete`.)"""
+        if self.backend != "nccl":
+            return []
+        deadline = time.monotonic() + self.timeout
+        while True:
+            missing = [m for m in receivers if not self.store.check([f"{base}/ready/{m}"])]
+            if not missing or time.monotonic() > deadline:
+                return missing
+            time.sleep(self.poll_seconds)
 
     def _wait_acks(self, base: str, receivers: list[str]) -> dict[str, str]:
         # A receiver can sit in a gloo operation for up to one timeout after the source's own

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
-from rlhf_trainer.workers import modeling
-from rlhf_trainer.workers.training import TrainableWorker
+from rlhf_trainer.workers import lora, modeling
+from rlhf_trainer.workers.training import TrainableWorker, UpdateBranch, branch_losses
 
 
 class AlgorithmCache:
@@ -40,21 +42,29 @@ class AlgorithmCache:
 class GatherCounter:
     """A one-rank, whole-tensor `sync.ReshardPlan` for `SyncGroup.push` whose transform counts
     the tensors materialized so far: after a failed stream the source knows how many FSDP gathers
-    the other ranks are still waiting in."""
+    the other ranks are still waiting in. Floating tensors are sent in `dtype` (the engines'
+    compute dtype: the fp32 master weights are not what they serve, and cost twice the bytes)."""
 
-    def __init__(self, params: Sequence[tuple[str, Tensor]]):
+    def __init__(self, params: Sequence[tuple[str, Tensor]], dtype: torch.dtype | None = None):
         self.params = params
+        self.dtype = dtype
         self.done = 0
+
+    def wire_dtype(self, t: Tensor) -> torch.dtype:
+        return self.dtype if self.dtype is not None and t.is_floating_point() else t.dtype
 
     def metas(self, tp_rank: int, dtypes: Any) -> list[Any]:
         from rlhf_trainer.sync import TensorMeta
 
-        return [TensorMeta.of(name, p) for name, p in self.params]
+        return [
+            TensorMeta(name, tuple(int(s) for s in p.shape), str(self.wire_dtype(p)).removeprefix("torch."))
+            for name, p in self.params
+        ]
 
     def transform(self, tp_rank: int) -> Any:
         def count(name: str, full: Tensor) -> Tensor:
             self.done += 1
-            return full
+            return full.to(self.wire_dtype(full))
 
         return count
 
@@ -70,12 +80,62 @@ class ActorWorker(TrainableWorker):
         self.algorithms = AlgorithmCache()
 
     def build_model(self) -> nn.Module:
-        return modeling.load_policy(self.model_path, self.spec.model.dtype)
+        model = modeling.load_policy(self.model_path, "float32")  # master weights; see `compute`
+        lora_spec = self.spec.model.lora
+        if lora_spec is None:
+            return model
+        # Adapters only: the base weights are frozen, and are the reference policy (`reference_mode`).
+        # A is initialised at random: seeded, so every FSDP rank (each shards its own copy) and every
+        # restart start from the same adapter.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.spec.training.seed)
+            return lora.apply_lora(
+                model, lora_spec.rank, lora_spec.alpha, lora_spec.dropout, lora_spec.target_modules
+            )
+
+    @property
+    def uses_lora(self) -> bool:
+        return self.spec.model.lora is not None
+
+    def merged_weights(self) -> list[tuple[str, Tensor]]:
+        """LoRA: the policy's parameters with the adapters merged in, under the base model's names
+        and in the base model's parameter order (tied weights once), as the engines load them.
+        A collective when sharded (every rank gathers the full state and gets the result)."""
+        if self.world_size == 1:
+            state = {k: v.detach() for k, v in self.model.state_dict().items()}
+        else:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        merged = lora.merge_lora_state(state, lora.scaling_of(self.model))
+        names = lora.base_parameter_names([n for n, _ in self.model.named_parameters()])
+        return [(n, merged[n]) for n in names]
 
     def setup(self) -> None:
         super().setup()
         if self.colocated:
             self.engine = self._build_engine()
+
+    def write_model_files(self, out: Path) -> None:
+        """The checkpoint's actor part carries what `rlhf export` turns into a Hugging Face model
+        directory besides the weights: `config.json`, `generation_config.json`, `tokenizer/`."""
+        import copy
+
+        from transformers import AutoTokenizer
+
+        model: Any = self.model  # a transformers model (FSDP2 keeps its attributes)
+        # The weights train in fp32 (master weights); the model is the job's compute dtype, which
+        # `rlhf export --dtype auto` writes.
+        config = copy.deepcopy(model.config)
+        config.dtype = modeling.compute_dtype(self.spec.model.dtype)
+        config.save_pretrained(out)
+        generation = getattr(model, "generation_config", None)
+        if generation is not None:
+            generation.save_pretrained(out)
+        tokenizer = getattr(self.engine, "tokenizer", None) or AutoTokenizer.from_pretrained(
+            self.spec.model.tokenizer or self.model_path
+        )
+        tokenizer.save_pretrained(out / "tokenizer")
 
     def _build_engine(self) -> Any:
         """The hybrid engine. One rank: it samples from the training module itself (no copy, no
@@ -104,17 +164,25 @@ class ActorWorker(TrainableWorker):
         )
 
     # -- rollout (colocated) -------------------------------------------------------------------
-    def generate(self, prompt_ids: list[list[int]], n: int, step: int) -> dict[str, Any]:
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, step: int, greedy: bool = False
+    ) -> dict[str, Any]:
+        """`n` samples per prompt; `greedy`: temperature 0 (ReMax's baseline responses)."""
         if self.engine is None:
             raise RuntimeError("ActorWorker.generate: this actor has no engine (placement is not colocated)")
         from rlhf_trainer.workers.distributed import step_seed
 
         self.engine.set_seed(step_seed(self.spec.training.seed, step, self.rank, stream=1))
-        return self.engine.generate(prompt_ids, n).to_dict()  # type: ignore[no-any-return]
+        with self.compute():  # one rank: samples from the fp32 training module in the compute dtype
+            return self.engine.generate(prompt_ids, n, greedy=greedy).to_dict()  # type: ignore[no-any-return]
 
     def sync_engine(self) -> None:
-        """Copy the trained weights into the colocated engine (a collective when sharded)."""
+        """Copy the trained weights into the colocated engine (a collective when sharded). Every
+        call that changes the weights ends with it (`update`, `load`), on every rank alike."""
         if self.engine is None or self.engine.model is self.model:
+            return
+        if self.uses_lora:  # the engine is a plain copy of the base model: it gets merged weights
+            self.engine.load_weights(self.merged_weights())
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -122,14 +190,16 @@ class ActorWorker(TrainableWorker):
         self.engine.load_weights(full.items())
 
     # -- weight sync to the rollout fleet (`sync.SyncGroup`; rank 0 is the source) -------------
-    def start_sync(self, timeout: float) -> tuple[str, int]:
-        """Host the sync group's store (rank 0) and return its address for the replicas."""
+    def start_sync(self, timeout: float, backend: str = "gloo") -> tuple[str, int]:
+        """Host the sync group's store (rank 0) and return its address for the replicas. `backend`
+        nccl streams from this rank's GPU (the store stays the control channel)."""
         from rlhf_trainer.sync import SyncGroup, connect_store
         from rlhf_trainer.workers.distributed import pick_store_address
 
         host, port = pick_store_address()
         store = connect_store(host, port, is_source=True, timeout=max(60.0, timeout))
-        self.sync = SyncGroup(store, "actor", timeout=timeout, hostname=host)
+        device = self.device if backend == "nccl" else None
+        self.sync = SyncGroup(store, "actor", timeout=timeout, hostname=host, backend=backend, device=device)  # type: ignore[arg-type]
         return host, port
 
     def sync_rebuild(self, members: list[str], generation: int) -> None:
@@ -147,6 +217,8 @@ class ActorWorker(TrainableWorker):
         push reported, and with `verify` the weights' digest (one more gather pass)."""
         from rlhf_trainer.sync import SyncError, drain_full_tensors, materialize, tensor_digest
 
+        if self.uses_lora:
+            return self._sync_push_merged(version, verify)
         params = list(self.model.named_parameters())
         if self.rank != 0:
             while True:
@@ -156,7 +228,8 @@ class ActorWorker(TrainableWorker):
             if verify:
                 drain_full_tensors(params)
             return None
-        sync, counter = self.sync, GatherCounter(params)
+        wire = modeling.compute_dtype(self.spec.model.dtype)
+        sync, counter = self.sync, GatherCounter(params, wire)
         before = [m for m in sync.members if m != sync.me]
         attempts, limit = 0, sync.max_attempts
         sync.max_attempts = 1  # one stream per gather pass: the retries are driven from here
@@ -184,7 +257,33 @@ class ActorWorker(TrainableWorker):
             "bytes": res.stats.bytes,
             "peak_extra_bytes": res.stats.peak_extra_bytes,
             # gathered in the stream's order, as the other ranks drain them
-            "digest": tensor_digest([(n, materialize(t)) for n, t in params]) if verify else None,
+            "digest": tensor_digest([(n, counter.transform(0)(n, materialize(t))) for n, t in params])
+            if verify
+            else None,
+        }
+
+    def _sync_push_merged(self, version: int, verify: bool) -> dict[str, Any] | None:
+        """LoRA: every rank gathers the full state once (`merged_weights`); rank 0 merges and
+        streams the merged base-named weights, retrying on its own (nothing left to gather)."""
+        from rlhf_trainer.sync import tensor_digest
+
+        params = self.merged_weights()
+        if self.rank != 0:
+            return None
+        sync = self.sync
+        counter = GatherCounter(params, modeling.compute_dtype(self.spec.model.dtype))
+        before = [m for m in sync.members if m != sync.me]
+        res = sync.push(params, version, plan=counter)  # type: ignore[arg-type]
+        return {
+            "members": res.members,
+            "dropped": [m for m in before if m not in res.members],
+            "attempts": res.attempts,
+            "generation": res.generation,
+            "epoch": res.epoch,
+            "seconds": res.stats.seconds,
+            "bytes": res.stats.bytes,
+            "peak_extra_bytes": res.stats.peak_extra_bytes,
+            "digest": tensor_digest([(n, counter.transform(0)(n, t)) for n, t in params]) if verify else None,
         }
 
     def _sync_retry_flag(self, retry: bool) -> bool:
@@ -194,7 +293,9 @@ class ActorWorker(TrainableWorker):
 
         if self.world_size == 1:
             return retry
-        flag = torch.tensor([1 if retry else 0])
+        from rlhf_trainer.workers.distributed import group_device
+
+        flag = torch.tensor([1 if retry else 0], device=group_device())  # NCCL: on the rank's GPU
         dist.broadcast(flag, src=0)
         return bool(flag.item())
 
@@ -205,24 +306,78 @@ class ActorWorker(TrainableWorker):
         temperature = self.spec.rollout.temperature
         return self.forward_shard(batch, lambda b: modeling.token_log_probs(self.model, b, temperature)[0])
 
-    def update(
-        self,
-        batch: dict[str, Tensor],
-        step: int,
-        algorithm: str,
-        params: dict[str, Any],
-        state: dict[str, Any],
-    ) -> dict[str, float]:
-        """The policy update of one training step with `algorithm`'s loss."""
-        algo = self.algorithms.get(algorithm, params, state)
+    def compute_ref_log_probs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """LoRA: `ref_log_probs` of this rank's share, from the base model (adapters disabled),
+        the reference policy without a second copy of the model."""
+        if not self.uses_lora:
+            raise RuntimeError(
+                "ActorWorker.compute_ref_log_probs: only with spec.model.lora (else a reference role)"
+            )
+        self.model.eval()
         temperature = self.spec.rollout.temperature
+        with lora.reference_mode(self.model):
+            return self.forward_shard(
+                batch, lambda b: modeling.token_log_probs(self.model, b, temperature)[0]
+            )
 
-        def loss_fn(micro: dict[str, Any]) -> dict[str, Any]:
-            log_probs, entropy = modeling.token_log_probs(self.model, micro, temperature, with_entropy=True)
-            micro = {**micro, "log_probs": log_probs, "entropy": entropy}
-            if micro.get("old_log_probs") is None:
-                # One update per batch: the sampling policy is the current one (ratio 1).
-                micro["old_log_probs"] = log_probs.detach()
-            return algo.compute_loss(micro)  # type: ignore[no-any-return]
+    # -- checkpoint: LoRA keeps merged weights for `rlhf export` and the adapter for resume -----
+    def write_weights(self, out: Path, model_state: dict[str, Tensor]) -> None:
+        if not self.uses_lora:
+            return super().write_weights(out, model_state)
+        from safetensors.torch import save_file
 
-        return self.train_batch(batch, step, loss_fn)
+        merged = lora.merge_lora_state(model_state, lora.scaling_of(self.model))
+        save_file({k: v.detach().contiguous().clone() for k, v in merged.items()}, out / "model.safetensors")
+        lora.save_adapter(self.model, model_state, out / lora.ADAPTER_DIR)
+
+    def load_weights(self, src: Path) -> None:
+        if not self.uses_lora:
+            return super().load_weights(src)
+        if not (src / lora.ADAPTER_DIR / "adapter_model.safetensors").is_file():
+            raise FileNotFoundError(
+                f"{src}: no {lora.ADAPTER_DIR}/adapter_model.safetensors; spec.model.lora is set, so the "
+                "checkpoint must come from a LoRA run (spec.model.lora is immutable)"
+            )
+        modeling.load_full_state_dict(
+            self.model, lora.load_adapter_state(src / lora.ADAPTER_DIR), strict=False
+        )
+
+    def update(self, batch: dict[str, Tensor], step: int, branches: list[UpdateBranch]) -> dict[str, float]:
+        """The policy update of one training step: each row trained by its branch's algorithm
+        (one branch, or `batch["branch_index"]` choosing), one forward pass per micro-batch."""
+        algos = [self.algorithms.get(b.algorithm, b.params, b.state) for b in branches]
+        metrics = self.train_batch(
+            batch, step, lambda micro: self.micro_loss(micro, branches, algos), branches=len(branches)
+        )
+        self.sync_engine()  # colocated: the weight-sync phase, fused into this call
+        return metrics
+
+    def load(self, step_dir: str) -> None:
+        """Restore a checkpoint (`TrainableWorker.load`), and the colocated engine's copy with it."""
+        super().load(step_dir)
+        self.sync_engine()
+
+    def micro_loss(
+        self, micro: dict[str, Any], branches: Sequence[UpdateBranch], algos: Sequence[Any]
+    ) -> dict[str, Any]:
+        """The loss of one micro-batch (with grad): one forward pass of the policy over the
+        response positions, then each branch's `compute_loss`.
+
+        Without `old_log_probs` in the batch (`phases.policy_log_probs` skipped that pass: the
+        batch is trained once, in one optimizer step, so no weight changed since the rollout) the
+        old log-probs are this pass's own, detached: the ratio is exactly 1, as the skipped pass
+        would have made it. The entropy is computed only for algorithms that read it."""
+        with_entropy = any(getattr(a, "needs_entropy", True) for a in algos)
+        log_probs, entropy = modeling.token_log_probs(
+            self.model, micro, self.spec.rollout.temperature, with_entropy=with_entropy
+        )
+        micro = {**micro, "log_probs": log_probs}
+        if entropy is not None:
+            micro["entropy"] = entropy
+
+        def loss_of(algo: Any, rows: dict[str, Any]) -> dict[str, Any]:
+            if rows.get("old_log_probs") is None:
+                rows = {**rows, "old_log_probs": rows["log_probs"].detach()}
+            return algo.compute_loss(rows)  # type: ignore[no-any-return]
+
+        return branch_losses(micro, branches, algos, loss_of, self.role)

@@ -7,6 +7,7 @@ them testable in-process and keeps Ray out of their code.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -24,26 +25,37 @@ class Worker:
     #: Ranks share one batch (a sharded role). Independent replicas score all rows they are given.
     shards_batches = True
 
-    def __init__(self, spec: JobSpec, rank: int = 0, world_size: int = 1, model_path: str | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        rank: int = 0,
+        world_size: int = 1,
+        model_path: str | None = None,
+        device: str | None = None,
+    ):
         distributed.set_threads()
         self.spec = spec
         self.rank = rank
         self.world_size = world_size
         self.model_path = model_path or spec.model.path
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = distributed.worker_device(device, self.role)
 
     # -- rendezvous (called by WorkerGroup before `setup`) --------------------------------------
     def pick_store_address(self) -> tuple[str, int]:
         return distributed.pick_store_address()
 
     def init_group(self, address: tuple[str, int]) -> None:
-        distributed.init_group(address, self.rank, self.world_size)
+        distributed.init_group(address, self.rank, self.world_size, self.device)
 
     def setup(self) -> None:
         """Load models; overridden per role."""
 
     def ready(self) -> bool:
         return True
+
+    def compute(self) -> Any:
+        """The context forward passes run in (trained roles: their mixed precision)."""
+        return contextlib.nullcontext()
 
     def seed(self, step: int, stream: int = 0) -> None:
         distributed.seed_everything(distributed.step_seed(self.spec.training.seed, step, self.rank, stream))
@@ -66,7 +78,8 @@ class Worker:
         outs, done = [], []
         for micro in batching.micro_batches(my_units, total, world, self.spec.training.micro_batch_size):
             part = self.to_device(batching.select_rows(batch, micro))  # type: ignore[arg-type]
-            outs.append(fn(part).float().cpu())  # type: ignore[arg-type]
+            with self.compute():
+                outs.append(fn(part).float().cpu())  # type: ignore[arg-type]
             done.append(micro)
         width = max(o.shape[1] for o in outs)
         outs = [torch.nn.functional.pad(o, (0, width - o.shape[1])) for o in outs]

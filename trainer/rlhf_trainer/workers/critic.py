@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from rlhf_trainer.workers import modeling
 from rlhf_trainer.workers.actor import AlgorithmCache
-from rlhf_trainer.workers.training import TrainableWorker
+from rlhf_trainer.workers.training import TrainableWorker, UpdateBranch, branch_losses
 
 
 class CriticWorker(TrainableWorker):
@@ -19,7 +19,8 @@ class CriticWorker(TrainableWorker):
         self.algorithms = AlgorithmCache()
 
     def build_model(self) -> nn.Module:
-        return modeling.ValueModel(self.spec.model.critic_path or self.model_path, self.spec.model.dtype)
+        # fp32 master weights; `spec.model.dtype` is the compute dtype (see `TrainableWorker`)
+        return modeling.ValueModel(self.spec.model.critic_path or self.model_path, "float32")
 
     def learning_rate(self) -> float:
         return self.spec.training.critic_learning_rate
@@ -29,18 +30,15 @@ class CriticWorker(TrainableWorker):
         self.model.eval()
         return self.forward_shard(batch, lambda b: modeling.token_values(self.model, b))
 
-    def update(
-        self,
-        batch: dict[str, Tensor],
-        step: int,
-        algorithm: str,
-        params: dict[str, Any],
-        state: dict[str, Any],
-    ) -> dict[str, float]:
-        algo = self.algorithms.get(algorithm, params, state)
+    def update(self, batch: dict[str, Tensor], step: int, branches: list[UpdateBranch]) -> dict[str, float]:
+        """The value update of one training step (rows of the branches whose algorithm has a critic)."""
+        algos = [self.algorithms.get(b.algorithm, b.params, b.state) for b in branches]
+
+        def loss_of(algo: Any, micro: dict[str, Any]) -> dict[str, Any]:
+            return algo.compute_value_loss(micro)  # type: ignore[no-any-return]
 
         def loss_fn(micro: dict[str, Any]) -> dict[str, Any]:
             values = modeling.token_values(self.model, micro)
-            return algo.compute_value_loss({**micro, "values": values})  # type: ignore[no-any-return]
+            return branch_losses({**micro, "values": values}, branches, algos, loss_of, self.role)
 
-        return self.train_batch(batch, step, loss_fn)
+        return self.train_batch(batch, step, loss_fn, branches=len(branches))

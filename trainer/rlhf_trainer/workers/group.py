@@ -1,6 +1,8 @@
 """`WorkerGroup`: N ranks of one role as Ray actors, with the role's own torch.distributed group.
 
     group = WorkerGroup(ActorWorker, spec, replicas=2, distributed=True, colocated=True)
+    p = placement.role_placement(spec, "actor", cluster=True)   # what each rank asks Ray for
+    group = WorkerGroup(ActorWorker, spec, p.ranks, **p.ray_options(), device=p.device)
     group.call("update", batch_ref, step, ...)      # every rank, same arguments
     group.call_each("generate", [args_rank0, ...])  # every rank, its own arguments
 
@@ -12,39 +14,33 @@ ranks that may be blocked in a collective with the failed one.
 from __future__ import annotations
 
 import contextlib
-import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
 
+from rlhf_trainer import contract
 from rlhf_trainer.spec import JobSpec
+from rlhf_trainer.sync.push import gather
 
 #: Logical CPUs each worker asks Ray for: fractional, so a whole job fits on a laptop.
-DEFAULT_WORKER_CPUS = float(os.environ.get("RLHF_WORKER_CPUS", "0.25"))
+DEFAULT_WORKER_CPUS = contract.ENV_WORKER_CPUS.get_float()
 
 
 def placement_resources(role: str) -> dict[str, float]:
-    """Ray resources a rank of `role` asks for. On a cluster the driver runs in the job's controller
-    pod (RLHF_ROLE=controller) and each role pod joins Ray advertising `rlhf.dev/role-<role>: 1`
-    (rlhf_operator.children), so asking for it puts each rank on its own pod of its role. Locally
-    nothing advertises those resources, and nothing is asked."""
-    from rlhf_operator.labels import CONTROLLER_ROLE, RAY_ROLE_RESOURCE_PREFIX
-
-    if os.environ.get("RLHF_ROLE") != CONTROLLER_ROLE:
+    """Custom Ray resources a rank of `role` asks for when nothing else is said (see
+    `rlhf_trainer.placement`): on a cluster the driver runs in the job's controller pod
+    (RLHF_ROLE=controller) and each role pod joins Ray advertising `rlhf.dev/role-<role>`
+    (`rlhf worker --resources`, built by the operator from the same contract), so asking for one
+    unit of it puts the rank on a pod of its role. Locally nothing advertises those resources,
+    and nothing is asked."""
+    if contract.ENV_ROLE.get() != contract.CONTROLLER_ROLE:
         return {}
-    return {f"{RAY_ROLE_RESOURCE_PREFIX}{role}": 1.0}
+    return {contract.ray_role_resource(role): 1.0}
 
 
-def get(refs: Sequence[Any]) -> list[Any]:
-    """`ray.get` of several refs, raising as soon as any of them failed."""
-    pending = list(refs)
-    results: dict[Any, Any] = {}
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        for ref in ready:
-            results[ref] = ray.get(ref)
-    return [results[r] for r in refs]
+#: `ray.get` of several refs, raising as soon as any of them failed (one function, in sync.push).
+get = gather
 
 
 class WorkerGroup:
@@ -61,16 +57,24 @@ class WorkerGroup:
         model_path: str | None = None,
         num_cpus: float = DEFAULT_WORKER_CPUS,
         num_gpus: float = 0,
+        resources: dict[str, float] | None = None,
+        rank_resources: Callable[[int], dict[str, float]] | None = None,
         **kwargs: Any,
     ):
         self.role = getattr(worker_cls, "role", worker_cls.__name__)
+        #: Extra Ray resources of rank i (a rollout slot's pod: `sync.MembershipSource.placement`).
+        self.rank_resources = rank_resources
         self.worker_cls = worker_cls
         self.spec = spec
         self.model_path = model_path
         self.distributed = distributed
         self.kwargs = kwargs
+        #: Where the ranks compute (`placement.RolePlacement.device`; None: what each one sees).
+        self.device: str | None = kwargs.get("device")
+        #: Custom resources every rank asks for (`placement.RolePlacement.resources`).
+        self.resources = placement_resources(self.role) if resources is None else dict(resources)
         self.remote_cls: Any = ray.remote(
-            num_cpus=num_cpus, num_gpus=num_gpus, resources=placement_resources(self.role), max_restarts=0
+            num_cpus=num_cpus, num_gpus=num_gpus, resources=self.resources, max_restarts=0
         )(worker_cls)
         self.workers = [self._start(rank, replicas) for rank in range(replicas)]
         if start:
@@ -86,7 +90,11 @@ class WorkerGroup:
         get([w.setup.remote() for g in groups for w in g.workers])
 
     def _start(self, rank: int, world_size: int) -> Any:
-        return self.remote_cls.remote(
+        cls = self.remote_cls
+        extra = self.rank_resources(rank) if self.rank_resources else {}
+        if extra:
+            cls = cls.options(resources={**self.resources, **extra})
+        return cls.remote(
             self.spec, rank=rank, world_size=world_size, model_path=self.model_path, **self.kwargs
         )
 
@@ -119,6 +127,18 @@ class WorkerGroup:
             raise
         self.workers.extend(new)
         return new
+
+    def launch(self, rank: int) -> tuple[Any, Any]:
+        """Start one independent replica with this rank without waiting for it: (the worker, the
+        ref of its setup). `adopt` it once the setup is done, or `remove` it."""
+        if self.distributed:
+            raise RuntimeError(f"{self.role}: a sharded role cannot grow one rank at a time")
+        worker = self._start(rank, rank + 1)
+        return worker, worker.setup.remote()
+
+    def adopt(self, worker: Any) -> None:
+        """A `launch`ed replica is set up: it belongs to the group from now on."""
+        self.workers.append(worker)
 
     def remove(self, worker: Any) -> None:
         """Stop one replica and forget it (a drained or dead member of an elastic role)."""

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from rlhf_trainer.workers.base import Worker
-from rlhf_trainer.workers.distributed import step_seed
+from rlhf_trainer.workers.distributed import rendezvous_host, step_seed
 
 
 class RolloutWorker(Worker):
@@ -40,13 +40,22 @@ class RolloutWorker(Worker):
         return os.getpid()
 
     # -- weight sync (`sync.SyncGroup`; the controller drives all members at once) -------------
-    def join_sync(self, address: tuple[str, int], me: str, timeout: float) -> None:
-        """Connect to the sync group's store at `address` as member `me` (no generation yet)."""
+    def join_sync(self, address: tuple[str, int], me: str, timeout: float, backend: str = "gloo") -> None:
+        """Connect to the sync group's store at `address` as member `me` (no generation yet);
+        `backend` nccl receives on this replica's GPU."""
         from rlhf_trainer.sync import SyncGroup, connect_store
 
         store = connect_store(address[0], address[1], is_source=False, timeout=max(60.0, timeout))
-        host = os.environ.get("RLHF_NODE_IP") or "127.0.0.1"
-        self.sync = SyncGroup(store, me, timeout=timeout, hostname=host)
+        # The gloo device binds to this pod's IP, where the source on the actor's pod reaches it.
+        device = self.device if backend == "nccl" else None
+        self.sync = SyncGroup(
+            store,
+            me,
+            timeout=timeout,
+            hostname=rendezvous_host(),
+            backend=backend,  # type: ignore[arg-type]
+            device=device,
+        )
 
     def sync_rebuild(self, members: list[str], generation: int) -> bool:
         """Join membership `generation` (or leave the group when not listed); True when a member."""
@@ -81,13 +90,19 @@ class RolloutWorker(Worker):
         return tensor_digest(getattr(self.engine, "model").named_parameters())  # noqa: B009 - HF engine
 
     def generate(
-        self, prompt_ids: list[list[int]], n: int, step: int, delay_per_prompt: float = 0.0
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        step: int,
+        delay_per_prompt: float = 0.0,
+        greedy: bool = False,
     ) -> dict[str, Any]:
-        """`n` samples per prompt. `delay_per_prompt` adds seconds per prompt (a test knob that
-        makes a replica slower, to induce load on the fleet)."""
+        """`n` samples per prompt; `greedy`: temperature 0 (ReMax's baseline responses).
+        `delay_per_prompt` adds seconds per prompt (a test knob that makes a replica slower, to
+        induce load on the fleet)."""
         if delay_per_prompt > 0:
             time.sleep(delay_per_prompt * len(prompt_ids))
         self.engine.set_seed(step_seed(self.spec.training.seed, step, self.rank, stream=1))
-        out = self.engine.generate(prompt_ids, n).to_dict()
+        out = self.engine.generate(prompt_ids, n, greedy=greedy).to_dict()
         out["policy_version"] = torch.full((len(out["prompt_index"]),), self.version, dtype=torch.long)
         return out  # type: ignore[no-any-return]

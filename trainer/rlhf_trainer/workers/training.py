@@ -4,17 +4,29 @@ the role has several ranks, AdamW with a warm-up/decay schedule, and the update 
     for each optimizer step (epochs x mini-batches):
         for each of this rank's micro-batches:
             loss = role loss(micro-batch, global token/sequence counts)   # a share of the step loss
-            (loss * world_size).backward()                                # FSDP averages over ranks
+            (loss * world_size).backward()     # FSDP reduces (averages over ranks) on the last one only
         clip the global grad norm; optimizer step; scheduler step
+
+Precision: the weights, gradients and AdamW state are fp32 (master weights) whatever
+`spec.model.dtype` says; that dtype is the compute dtype (FSDP2's `MixedPrecisionPolicy` when
+sharded, autocast on one rank). `spec.training.activationCheckpointing` recomputes each block's
+activations in the backward pass.
 
 Losses are normalised by the token and sequence counts of the whole optimizer step over all
 ranks (`algorithms.aggregation`), so the gradient does not depend on how the step is split.
+
+One training step may train with several algorithms at once (`ConditionalUpdateOperator`): the
+batch then carries `branch_index` (B,) and the update gets one `UpdateBranch` per index. Each
+row is trained by its branch's loss, normalised by its branch's counts of the optimizer step,
+and the step's loss is the sum of the branch losses: still one optimizer and one scheduler step
+per optimizer step of the schedule.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +35,89 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from rlhf_trainer.workers import batching, modeling
+from rlhf_trainer import checkpoint
+from rlhf_trainer.workers import batching, distributed, modeling
 from rlhf_trainer.workers.base import Worker
+
+
+@dataclass(frozen=True)
+class UpdateBranch:
+    """How a worker rebuilds one of the algorithms of a training step (see the module docstring)."""
+
+    algorithm: str
+    """Registered name or import path."""
+    params: dict[str, Any]
+    state: dict[str, Any]
+    """The controller's algorithm state (KL coefficient) at this step."""
+    label: str = ""
+    """Prefix of this branch's metrics (`true/actor/pg_loss`); "" for a step with one algorithm."""
+    filler_keys: tuple[str, ...] = ()
+    """Batch keys other branches brought and this one lacks (zeros in its rows): hidden from its loss."""
+
+
+#: The batch key that says which `UpdateBranch` trains each row (absent: branch 0).
+BRANCH_INDEX = "branch_index"
+
+
+def branch_losses(
+    micro: dict[str, Any],
+    branches: Sequence[UpdateBranch],
+    algorithms: Sequence[Any],
+    loss_of: Callable[[Any, dict[str, Any]], dict[str, Any]],
+    role: str,
+) -> dict[str, Any]:
+    """The micro-batch's loss: each branch's `loss_of(algorithm, its rows)`, summed.
+
+    `micro` holds the per-row tensors (B, ...), `branch_index` (B,) when there are several
+    branches, and the optimizer step's normalizers: `global_tokens`/`global_seqs` (one branch)
+    or `branch_tokens`/`branch_seqs` (K,) (one entry per branch). A branch's metrics are
+    prefixed with its label and weighted by its own tokens (`metric_tokens`); its loss share is
+    reported as `<label>/<role>/loss`."""
+    if len(branches) == 1 and BRANCH_INDEX not in micro:
+        out = loss_of(algorithms[0], micro)
+        return out
+    index = micro[BRANCH_INDEX]  # (B,)
+    total: Tensor | None = None
+    metrics: dict[str, Any] = {}
+    weights: dict[str, float] = {}
+    for k, (branch, algorithm) in enumerate(zip(branches, algorithms)):
+        rows = (index == k).nonzero().squeeze(-1)  # (B_k,)
+        if rows.numel() == 0:
+            continue
+        sub = {
+            key: value
+            for key, value in batching.select_rows(micro, rows).items()
+            if key not in branch.filler_keys and key not in ("branch_tokens", "branch_seqs", BRANCH_INDEX)
+        }
+        sub["global_tokens"] = float(micro["branch_tokens"][k])
+        sub["global_seqs"] = float(micro["branch_seqs"][k])
+        out = loss_of(algorithm, sub)
+        total = out["loss"] if total is None else total + out["loss"]
+        prefix = f"{branch.label}/" if branch.label else ""
+        tokens = float(sub["response_mask"].sum())
+        metrics[f"{prefix}{role}/loss"] = float(out["loss"].detach())
+        for key, value in out.items():
+            if key != "loss" and isinstance(value, (int, float)):
+                metrics[prefix + key] = float(value)
+                weights[prefix + key] = tokens
+    assert total is not None, "a micro-batch holds rows of no branch"
+    return {"loss": total, **metrics, "metric_tokens": weights}
+
+
+def step_normalizers(batch: dict[str, Tensor], rows: Tensor, branches: int) -> dict[str, Any]:
+    """Valid tokens and non-empty sequences of an optimizer step's `rows` over all ranks: in
+    total (`global_tokens`, `global_seqs`) and, with several branches, per branch (K,)."""
+    mask = batch["response_mask"][rows]  # (R, T)
+    norms: dict[str, Any] = {
+        "global_tokens": float(mask.sum()),
+        "global_seqs": float((mask.sum(-1) > 0).sum()),
+    }
+    if BRANCH_INDEX in batch:
+        index = batch[BRANCH_INDEX][rows]  # (R,)
+        tokens = torch.zeros(branches, dtype=torch.float64).index_add_(0, index, mask.sum(-1).double())
+        seqs = torch.zeros(branches, dtype=torch.float64).index_add_(0, index, (mask.sum(-1) > 0).double())
+        norms["branch_tokens"], norms["branch_seqs"] = tokens, seqs  # (K,) each
+    return norms
 
 
 class TrainableWorker(Worker):
@@ -41,15 +134,22 @@ class TrainableWorker(Worker):
         return self.spec.training.learning_rate
 
     def setup(self) -> None:
-        model = self.build_model().to(self.device)
+        model = self.build_model()  # fp32: the master weights
+        if self.spec.training.activation_checkpointing:
+            modeling.enable_activation_checkpointing(model)
+        model = model.to(self.device)
         if self.world_size > 1:
-            model = modeling.shard_model(model)
+            model = modeling.shard_model(model, self.spec.model.dtype)
         self.model = model
         t = self.spec.training
         self.optimizer = modeling.build_optimizer(model, self.learning_rate(), t.weight_decay)
         self.scheduler = modeling.build_scheduler(
             self.optimizer, t.lr_schedule, t.warmup_steps, t.steps * self.optimizer_steps_per_batch()
         )
+
+    def compute(self) -> Any:
+        """The compute context of the model: bf16 autocast over the fp32 weights on one rank."""
+        return modeling.mixed_precision(self.model, self.spec.model.dtype, self.device)
 
     def optimizer_steps_per_batch(self) -> int:
         t = self.spec.training
@@ -58,10 +158,16 @@ class TrainableWorker(Worker):
 
     # -- the update loop -----------------------------------------------------------------------
     def train_batch(
-        self, batch: dict[str, Tensor], step: int, loss_fn: Callable[[dict[str, Any]], dict[str, Any]]
+        self,
+        batch: dict[str, Tensor],
+        step: int,
+        loss_fn: Callable[[dict[str, Any]], dict[str, Any]],
+        branches: int = 1,
     ) -> dict[str, float]:
         """Every optimizer step of one training step over `batch`; returns metrics averaged over
-        optimizer steps (losses summed over micro-batches and ranks, other metrics token-weighted)."""
+        optimizer steps (losses summed over micro-batches and ranks, other metrics token-weighted:
+        by the micro-batch's tokens, or by the tokens `loss_fn` names in `metric_tokens`).
+        `branches`: how many algorithms `batch["branch_index"]` selects between."""
         t = self.spec.training
         order = torch.Generator().manual_seed(self.spec.training.seed * 7919 + step)  # same on every rank
         self.seed(step, stream=3)
@@ -70,25 +176,28 @@ class TrainableWorker(Worker):
         steps = batching.minibatches(batch, t.mini_batch_size, t.epochs_per_batch, order)
         for rows in steps:
             my_units, total_units = batching.shard_for_rank(batch, rows, self.rank, self.world_size)
-            mask = batch["response_mask"][rows]
-            norms = {
-                "global_tokens": float(mask.sum()),
-                "global_seqs": float((mask.sum(-1) > 0).sum()),
-            }
+            norms = step_normalizers(batch, rows, branches)
             sums: dict[str, float] = {}
-            weight = 0.0
-            for micro in batching.micro_batches(my_units, total_units, self.world_size, t.micro_batch_size):
+            weights: dict[str, float] = {}
+            micros = list(batching.micro_batches(my_units, total_units, self.world_size, t.micro_batch_size))
+            for i, micro in enumerate(micros):
                 part = self.to_device(batching.select_rows(batch, micro))  # type: ignore[arg-type]
-                out = loss_fn({**part, **norms})
+                # FSDP2: accumulate unreduced gradients until the step's last micro-batch, which
+                # reduce-scatters the sum once (every rank runs the same number of micro-batches).
+                modeling.set_gradient_sync(self.model, i == len(micros) - 1)
+                with self.compute():
+                    out = loss_fn({**part, **norms})
                 (out["loss"] * self.world_size).backward()
                 tokens = float(part["response_mask"].sum())
+                own = out.get("metric_tokens", {})
                 sums["loss"] = sums.get("loss", 0.0) + float(out["loss"].detach())
                 for key, value in out.items():
                     if key != "loss" and isinstance(value, (int, float)):
-                        sums[key] = sums.get(key, 0.0) + float(value) * tokens
-                weight += tokens
+                        w = 1.0 if _summed(key) else own.get(key, tokens)
+                        sums[key] = sums.get(key, 0.0) + float(value) * w
+                        weights[key] = weights.get(key, 0.0) + w
             grad_norm = self.clip_and_step()
-            reduced = self.all_reduce_metrics(sums, weight)
+            reduced = self.all_reduce_metrics(sums, weights, union_keys=branches > 1)
             reduced[f"{self.role}/grad_norm"] = grad_norm
             reduced[f"{self.role}/lr"] = float(self.scheduler.get_last_lr()[0])
             for key, value in reduced.items():
@@ -105,46 +214,86 @@ class TrainableWorker(Worker):
         self.optimizer.zero_grad(set_to_none=True)
         return modeling.to_float(norm)
 
-    def all_reduce_metrics(self, sums: dict[str, float], weight: float) -> dict[str, float]:
-        """`loss` summed over ranks; every other metric averaged over ranks weighted by tokens."""
+    def all_reduce_metrics(
+        self, sums: dict[str, float], weights: dict[str, float], union_keys: bool = False
+    ) -> dict[str, float]:
+        """Losses (`loss`, `<branch>/<role>/loss`) summed over ranks; every other metric averaged
+        over ranks weighted by its tokens. A rank whose rows held no sample of a branch lacks
+        that branch's keys: the ranks agree on the union of their keys first."""
         keys = sorted(sums)
-        vec = torch.tensor([sums[k] for k in keys] + [weight], dtype=torch.float64)
+        if union_keys and self.world_size > 1:
+            gathered: list[list[str] | None] = [None] * self.world_size
+            dist.all_gather_object(gathered, keys)
+            keys = sorted({k for ks in gathered for k in (ks or [])})
+        vec = torch.tensor(
+            [sums.get(k, 0.0) for k in keys] + [weights.get(k, 0.0) for k in keys], dtype=torch.float64
+        )
         if self.world_size > 1:
+            vec = vec.to(distributed.group_device())  # NCCL takes GPU tensors only
             dist.all_reduce(vec)
-        total_weight = max(float(vec[-1]), 1.0)
+            vec = vec.cpu()
         out = {}
         for i, key in enumerate(keys):
             name = key if "/" in key else f"{self.role}/{key}"
-            out[name] = float(vec[i]) if key == "loss" else float(vec[i]) / total_weight
+            value = float(vec[i])
+            out[name] = (
+                value if key == "loss" or _summed(key) else value / max(float(vec[len(keys) + i]), 1.0)
+            )
         return out
 
-    # -- checkpoint ----------------------------------------------------------------------------
-    def save(self, directory: str) -> None:
-        """Write `<role>.safetensors`, `<role>_optim.safetensors` and `<role>_state.json` (rank 0)."""
+    # -- checkpoint (`rlhf_trainer.checkpoint`: the layout and the publishing protocol) -------
+    def save(self, staging: str) -> dict[str, Any] | None:
+        """Write this role's part of a checkpoint into `staging/<role>/` on the shared volume.
+
+        A collective: every rank gathers the sharded model and optimizer state; rank 0 writes
+        `model.safetensors`, `optimizer.safetensors`, `state.json` and `model_files`, then the
+        part marker, and returns the marker (the controller checks it sees the same files)."""
         model_state = modeling.full_state_dict(self.model)
         optim_state = modeling.full_optimizer_state(self.model, self.optimizer)
         if self.rank != 0:
-            return
-        out = Path(directory)
-        save_file(
-            {k: v.detach().contiguous().clone() for k, v in model_state.items()},
-            out / f"{self.role}.safetensors",
-        )
-        tensors, meta = flatten_optimizer_state(optim_state)
-        save_file(tensors, out / f"{self.role}_optim.safetensors")
-        state = {"optimizer": meta, "scheduler": self.scheduler.state_dict()}
-        (out / f"{self.role}_state.json").write_text(json.dumps(state, indent=1, default=_json_default))
+            return None
 
-    def load(self, directory: str) -> None:
-        """Restore what `save` wrote (every rank reads the files: a shared volume on a cluster)."""
-        src = Path(directory)
-        modeling.load_full_state_dict(self.model, load_file(src / f"{self.role}.safetensors"))
-        state = json.loads((src / f"{self.role}_state.json").read_text())
-        optim = unflatten_optimizer_state(
-            load_file(src / f"{self.role}_optim.safetensors"), state["optimizer"]
+        def write(out: Path) -> None:
+            self.write_weights(out, model_state)
+            tensors, meta = flatten_optimizer_state(optim_state)
+            save_file(tensors, out / "optimizer.safetensors")
+            state = {"optimizer": meta, "scheduler": self.scheduler.state_dict()}
+            (out / "state.json").write_text(json.dumps(state, indent=1, default=_json_default))
+            self.write_model_files(out)
+
+        return checkpoint.write_part(staging, self.role, write)
+
+    def write_weights(self, out: Path, model_state: dict[str, Tensor]) -> None:
+        """The part's weights (`model_state`: the full state dict gathered on rank 0)."""
+        save_file(
+            {k: v.detach().contiguous().clone() for k, v in model_state.items()}, out / "model.safetensors"
         )
+
+    def load_weights(self, src: Path) -> None:
+        """Restore what `write_weights` wrote in `src` (every rank)."""
+        modeling.load_full_state_dict(self.model, load_file(src / "model.safetensors"))
+
+    def write_model_files(self, out: Path) -> None:
+        """Files beside the weights that make the part usable on its own (the actor: its config
+        and tokenizer, for `rlhf export`)."""
+
+    def load(self, step_dir: str) -> None:
+        """Restore what `save` wrote. Every rank reads the part from the shared volume."""
+        src = checkpoint.part_dir(step_dir, self.role)
+        self.load_weights(src)
+        state = json.loads((src / "state.json").read_text())
+        optim = unflatten_optimizer_state(load_file(src / "optimizer.safetensors"), state["optimizer"])
         modeling.load_full_optimizer_state(self.model, self.optimizer, optim)
         self.scheduler.load_state_dict(state["scheduler"])
+
+    def answer_checkpoint_probe(self, probe_dir: str) -> None:
+        """At startup: does this rank see the controller's checkpoint directory (and it ours)?"""
+        checkpoint.answer_probe(probe_dir, self.role, self.rank)
+
+
+def _summed(key: str) -> bool:
+    """A branch's loss share (`true/actor/loss`): summed over micro-batches and ranks, like `loss`."""
+    return key.endswith("/loss") and key.count("/") >= 2
 
 
 def _json_default(value: Any) -> Any:

@@ -1,0 +1,191 @@
+"""`rlhf_trainer.ray_node`: the `ray start` every pod runs survives a dashboard agent slower than
+the raylet's fixed 15 s wait for its port files (ray-project/ray#65983).
+
+The slow agent is real: a `sitecustomize` on the node's PYTHONPATH holds each Ray agent process
+for longer than Ray's wait before it imports anything, as a node with the whole gang starting on
+two cores does. Plain `ray start` under that delay is the control: its raylet aborts, so the delay
+does exceed Ray's wait and the test could fail."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from rlhf_operator.testing import free_port
+from rlhf_trainer import contract, ray_node
+
+#: Longer than the raylet's fixed 15 s wait for an agent's port file.
+AGENT_DELAY_S = 22
+
+SITECUSTOMIZE = f"""
+import os, sys, time
+_agent = sys.argv[0].replace(os.sep, "/")
+if _agent.endswith(("dashboard/agent.py", "runtime_env/agent/main.py")):
+    time.sleep({AGENT_DELAY_S})
+"""
+
+
+def test_the_raylet_is_given_the_listen_port_and_nothing_else_changes():
+    launched: list[tuple[list[str], str]] = []
+    services = SimpleNamespace(
+        start_ray_process=lambda cmd, kind, *a, **k: launched.append((cmd, kind)),
+        ray_constants=SimpleNamespace(PROCESS_TYPE_RAYLET="raylet"),
+    )
+    assert ray_node.install(52365, services)
+    services.start_ray_process(["/ray/raylet", "--node_id=1"], "raylet", True)
+    services.start_ray_process(["python", "agent.py"], "dashboard_agent", True)
+    services.start_ray_process(["/ray/raylet", "--dashboard_agent_listen_port=9"], "raylet", True)
+    assert launched == [
+        (["/ray/raylet", "--node_id=1", "--dashboard_agent_listen_port=52365"], "raylet"),
+        (["python", "agent.py"], "dashboard_agent"),
+        (["/ray/raylet", "--dashboard_agent_listen_port=9"], "raylet"),
+    ]
+    # A Ray without that launcher: a warning and no change, never an error.
+    assert not ray_node.install(52365, SimpleNamespace())
+
+
+def test_the_command_pins_every_agent_port_of_the_contract():
+    cmd = ray_node.command(["--head", "--port=6379"], python="py")
+    assert cmd[:5] == ["py", "-m", "rlhf_trainer.ray_node", "start", "--head"]
+    ports = contract.RAY_AGENT_PORTS
+    assert ray_node.listen_port_of(cmd) == ports.dashboard_agent_listen
+    pinned = {int(a.split("=")[1]) for a in ray_node.agent_port_args()}
+    assert pinned == {
+        ports.metrics_export,
+        ports.dashboard_agent_listen,
+        ports.dashboard_agent_grpc,
+        ports.runtime_env_agent,
+    }
+    # Pod-local, but never one of the ports the pod serves.
+    assert not pinned & {contract.RAY_PORT, contract.METRICS_PORT}
+    assert ray_node.listen_port_of(["--dashboard-agent-listen-port", "7"]) == 7
+    assert ray_node.listen_port_of(["--head"]) is None
+
+
+def _start(cmd: list[str], tmp: Path, timeout: float) -> tuple[bool, str]:
+    """Runs `cmd` (a `ray start --block` line) in its own session with the slow agents; returns
+    whether the node started and answered a task, and its output. Stops everything it started."""
+    site = tmp / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    # Token auth with a token of the test's own, as the operator gives a job's pods.
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+    base = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | auth
+    env = base | {"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    log = tmp / "ray-start.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            if ray_node_started(log):
+                break
+            time.sleep(0.5)
+        if proc.poll() is not None or not ray_node_started(log):
+            return False, log.read_text()
+        # The address the node advertises, as `ray start` prints it for joining nodes.
+        match = re.search(r"--address='([^']+)'", log.read_text())
+        assert match, log.read_text()
+        address = match.group(1)
+        driver = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"import ray; ray.init(address={address!r}); print(ray.get(ray.remote(lambda: 6 * 7).remote()))",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=base,
+        )
+        return driver.stdout.strip().endswith("42"), log.read_text() + driver.stdout + driver.stderr
+    finally:
+        with_group = os.getpgid(proc.pid) if proc.poll() is None else None
+        if with_group is not None:
+            os.killpg(with_group, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+        _kill_session(proc.pid)
+        proc.wait(timeout=30)
+
+
+def ray_node_started(log: Path) -> bool:
+    return "Ray runtime started" in log.read_text()
+
+
+def _session(sid: int) -> list[int]:
+    pids = []
+    for pid_dir in Path("/proc").iterdir():
+        if pid_dir.name.isdigit():
+            try:
+                zombie = (pid_dir / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+                if os.getsid(int(pid_dir.name)) == sid and not zombie:
+                    pids.append(int(pid_dir.name))
+            except (OSError, IndexError):
+                pass
+    return pids
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILLs whatever is left of the session `sid`, and waits until it is gone."""
+    deadline = time.monotonic() + 30
+    while (left := _session(sid)) and time.monotonic() < deadline:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+    assert not _session(sid), f"processes of the test's Ray node outlived it: {_session(sid)}"
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temp dir short enough for Ray's socket paths (AF_UNIX allows 107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="rn-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _raylet_errors(temp_dir: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in temp_dir.glob("session_*/logs/raylet.*"))
+
+
+@pytest.mark.slow
+def test_a_node_with_agents_slower_than_rays_wait_starts(short_tmp: Path):
+    head = [
+        "start",
+        "--head",
+        f"--port={free_port()}",
+        "--num-cpus=1",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        "--block",
+    ]
+    plain = short_tmp / "a"
+    plain.mkdir()
+    started, out = _start(
+        [sys.executable, "-m", "ray.scripts.scripts", *head, f"--temp-dir={plain / 'r'}"], plain, 90
+    )
+    assert not started, (
+        f"plain `ray start` survived a {AGENT_DELAY_S} s agent: the control shows nothing\n{out[-3000:]}"
+    )
+    # ... and for the reason this module exists, not another one.
+    assert "Timed out waiting for file" in _raylet_errors(plain / "r"), out[-3000:]
+
+    pinned = short_tmp / "b"
+    pinned.mkdir()
+    started, out = _start(ray_node.command([*head[1:], f"--temp-dir={pinned / 'r'}"]), pinned, 120)
+    assert started, f"the node did not start, or did not run a task:\n{out[-3000:]}"
+    assert "Timed out waiting for file" not in _raylet_errors(pinned / "r")

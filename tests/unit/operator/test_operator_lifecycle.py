@@ -1,0 +1,66 @@
+"""A job's end of life: no finalizer (deleting a job or its namespace never waits for the
+operator), the daemon of a deleted or recreated job stops, and the operator's metrics forget it."""
+
+from __future__ import annotations
+
+import copy
+
+from operator_helpers import job
+from test_operator_executor import FakeKube, run
+
+from rlhf_operator import metrics
+from rlhf_operator.executor import Executor
+
+
+def test_no_registered_handler_puts_a_finalizer_on_jobs() -> None:
+    import kopf
+
+    from rlhf_operator import handlers
+
+    registry = kopf.get_default_registry()
+    daemons = [h for h in registry._spawning.get_all_handlers() if h.fn is handlers.job_worker]
+    assert len(daemons) == 1, "the job daemon is registered once"
+    spawning = registry._spawning.get_all_handlers()
+    changing = registry._changing.get_all_handlers()
+    assert spawning and not [h.id for h in [*spawning, *changing] if h.requires_finalizer]
+
+
+def test_a_deleted_failed_job_leaves_the_jobs_by_phase_gauge() -> None:
+    before = metrics.jobs_by_phase()["Failed"]
+    body = job()
+    body["spec"]["algorithm"] = {"name": "no-such-algorithm"}  # invalid spec: Failed at once
+    fake = FakeKube(body)
+    ex = Executor(fake)  # type: ignore[arg-type]
+    assert run(ex).invalid
+    assert metrics.jobs_by_phase()["Failed"] == before + 1
+    assert metrics.JOBS.labels("Failed")._value.get() == before + 1  # what /metrics serves
+
+    fake.job = None  # kubectl delete: the next pass finds it gone
+    assert run(ex, 1).gone
+    assert metrics.jobs_by_phase()["Failed"] == before
+    assert metrics.JOBS.labels("Failed")._value.get() == before
+
+
+def test_a_stopped_daemon_forgets_its_job_but_not_a_recreated_one() -> None:
+    before = metrics.jobs_by_phase()
+    fake = FakeKube(job())
+    ex = Executor(fake)  # type: ignore[arg-type]
+    ex.reconcile("ns", "j", uid="uid-1")
+    assert metrics.jobs_by_phase()["Pending"] == before["Pending"] + 1
+    ex.forget("ns", "j", "uid-1")  # the daemon stopped (deletion, operator pausing or stopping)
+    assert metrics.jobs_by_phase() == before
+
+    # Recreated under the same name: the old daemon's pass sees another UID and ends; forgetting
+    # the old incarnation keeps the new one's series.
+    ex.reconcile("ns", "j", uid="uid-1")
+    assert fake.job is not None
+    new = copy.deepcopy(fake.job)
+    new["metadata"]["uid"] = "uid-2"
+    new.pop("status")
+    fake.job = new
+    assert ex.reconcile("ns", "j", uid="uid-1").gone
+    assert not ex.reconcile("ns", "j", uid="uid-2").gone
+    ex.forget("ns", "j", "uid-1")
+    assert metrics.jobs_by_phase()["Pending"] == before["Pending"] + 1
+    ex.forget("ns", "j", "uid-2")
+    assert metrics.jobs_by_phase() == before

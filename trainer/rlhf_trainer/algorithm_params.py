@@ -1,0 +1,701 @@
+"""Typed hyperparameters of the built-in algorithms, importable without torch.
+
+Each built-in algorithm's `spec.algorithm.params` is a frozen dataclass here; the algorithm
+classes in `rlhf_trainer.algorithms.builtin` use these same classes as their `Params`. A field is
+declared with `param(default, doc, ...)`, which carries its bounds and choices, so that one
+declaration gives:
+
+* the check at construction (`AlgorithmParams.__post_init__`: type, bounds, choices, then the
+  class's `validate()` for cross-field rules) used by the trainer and by `rlhf validate`;
+* the CRD's schema of `spec.algorithm.params` (`params_schema`): the union of every built-in's
+  keys, typed and bounded, with a description that names the algorithms taking it and their
+  default; `kubectl explain rltj.spec.algorithm.params` shows it;
+* the CRD's rules keyed on the algorithm name (`cel_rules`): a key the chosen built-in does not
+  take is refused, naming the valid ones;
+* the manifest reference (`reference_markdown`).
+
+A custom algorithm (`spec.algorithm.name: pkg.module:Class`) may use any of these keys in
+`params` (with the same types and bounds) and puts its own keys in `spec.algorithm.customParams`,
+which stays free-form; its class checks them when the trainer builds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypeVar
+
+IMPORT_PATH_RE = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$"
+
+P = TypeVar("P", bound="AlgorithmParams")
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def _snake(key: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key).lower()
+
+
+@dataclasses.dataclass(frozen=True)
+class Choices:
+    """The valid names of a string param: `names` (the built-in entries of a registry), and, when
+    `open`, any import path `package.module:attribute` (a user's own component)."""
+
+    registry: str
+    names: tuple[str, ...]
+    open: bool = True
+
+    def describe(self) -> str:
+        return ", ".join(self.names) + (", or an import path package.module:attribute" if self.open else "")
+
+
+#: The registries themselves, once the (torch) algorithm library is imported and binds them:
+#: then a name is looked up there (a user's registered entries included, an unknown one listing
+#: every registered name), rather than in the built-in names above.
+_REGISTRIES: dict[str, Any] = {}
+
+
+def bind_registry(name: str, registry: Any) -> None:
+    """Check `Choices(name, ...)` params against `registry` from now on (called by the algorithm library)."""
+    _REGISTRIES[name] = registry
+
+
+def param(
+    default: Any,
+    doc: str,
+    *,
+    choices: Any = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive_minimum: bool = False,
+    exclusive_maximum: bool = False,
+) -> Any:
+    """A documented params field. `choices`: a `Choices`, a registry (any registered name or import
+    path is valid) or a tuple of allowed strings; `minimum`/`maximum`: bounds of a number (exclusive
+    when asked), checked here and rendered into the CRD."""
+    meta = {
+        "doc": doc,
+        "choices": choices,
+        "minimum": minimum,
+        "maximum": maximum,
+        "exclusive_minimum": exclusive_minimum,
+        "exclusive_maximum": exclusive_maximum,
+    }
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+def _options(hint: Any) -> tuple[Any, ...]:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _coerce(name: str, value: Any, hint: Any) -> Any:
+    """Check `value` against a simple type hint (bool, int, float, str, X | None); ints become floats."""
+    options = _options(hint)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise ValueError(f"param {name!r} must be {_type_name(hint)}, got None")
+    for option in options:
+        if option is bool and isinstance(value, bool):
+            return value
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if option is str and isinstance(value, str):
+            return value
+    raise ValueError(f"param {name!r} must be {_type_name(hint)}, got {value!r} ({type(value).__name__})")
+
+
+def bounds_text(meta: Mapping[str, Any]) -> str:
+    """`[0, 1)`, `> 0`, `>= 0`, or '' for a param's bounds."""
+    low, high = meta.get("minimum"), meta.get("maximum")
+    lo = "(" if meta.get("exclusive_minimum") else "["
+    hi = ")" if meta.get("exclusive_maximum") else "]"
+    if low is not None and high is not None:
+        return f"{lo}{low:g}, {high:g}{hi}"
+    if low is not None:
+        return f"{'>' if meta.get('exclusive_minimum') else '>='} {low:g}"
+    if high is not None:
+        return f"{'<' if meta.get('exclusive_maximum') else '<='} {high:g}"
+    return ""
+
+
+def _bounds_phrase(meta: Mapping[str, Any]) -> str:
+    """`in [0, 1)` or `> 0`: what an error says is valid."""
+    text = bounds_text(meta)
+    return f"in {text}" if text.startswith(("[", "(")) else text
+
+
+def _in_bounds(value: float, meta: Mapping[str, Any]) -> bool:
+    low, high = meta.get("minimum"), meta.get("maximum")
+    if low is not None and (value <= low if meta.get("exclusive_minimum") else value < low):
+        return False
+    return not (high is not None and (value >= high if meta.get("exclusive_maximum") else value > high))
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmParams:
+    """Base of every algorithm's hyperparameters.
+
+    Fields are declared with `param(default, doc)`. Construction checks each value's type
+    (ints are accepted for floats), its bounds, the `choices` of string fields, then `validate()`
+    for cross-field rules. `from_dict` additionally accepts camelCase keys (as written in a
+    manifest) and rejects unknown ones, naming them and listing the valid keys.
+    """
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = _coerce(f.name, getattr(self, f.name), hints[f.name])
+            choices: Any = f.metadata.get("choices")
+            if isinstance(value, str) and isinstance(choices, Choices) and choices.registry in _REGISTRIES:
+                try:
+                    _REGISTRIES[choices.registry].get(value)  # UnknownNameError listing the names
+                except ValueError as err:
+                    err.param = f.name  # type: ignore[attr-defined]  # the field, for check_params
+                    raise
+            elif isinstance(value, str) and isinstance(choices, Choices):
+                if value not in choices.names and not (choices.open and re.match(IMPORT_PATH_RE, value)):
+                    raise ValueError(f"param {f.name!r} must be one of {choices.describe()}; got {value!r}")
+            elif isinstance(value, str) and hasattr(choices, "get") and hasattr(choices, "names"):
+                choices.get(value)  # a Registry: raises UnknownNameError listing the registered names
+            elif isinstance(value, str) and choices is not None and value not in choices:
+                raise ValueError(f"param {f.name!r} must be one of {', '.join(choices)}; got {value!r}")
+            if (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and not _in_bounds(value, f.metadata)
+            ):
+                nullable = " (or null)" if type(None) in _options(hints[f.name]) else ""
+                raise ValueError(
+                    f"param {f.name!r}: {f.name} must be {_bounds_phrase(f.metadata)}{nullable}, got {value!r}"
+                )
+            object.__setattr__(self, f.name, value)
+        self.validate()
+
+    #: Params whose unset value comes from the job: {field: dotted path in the `JobSpec`}
+    #: (`norm_length`: `rollout.max_new_tokens`, the generation budget). Filled by
+    #: `build_algorithm(..., job=spec)` when the manifest leaves the param out.
+    job_defaults: ClassVar[Mapping[str, str]] = {}
+
+    def validate(self) -> None:
+        """Cross-field checks; raise ValueError naming the fields. Subclasses extend it."""
+
+    @classmethod
+    def from_dict(cls: type[P], values: Mapping[str, Any] | None = None) -> P:
+        """Build from manifest params (camelCase or snake_case keys)."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        kwargs: dict[str, Any] = {}
+        for key, value in (values or {}).items():
+            name = _snake(str(key))
+            if name not in names:
+                valid = ", ".join(f"{n} ({camel(n)})" if camel(n) != n else n for n in names)
+                raise ValueError(f"unknown param {key!r} for {cls.__name__}; valid: {valid or '(none)'}")
+            if name in kwargs:
+                raise ValueError(f"param {name!r} given twice (as snake_case and camelCase)")
+            kwargs[name] = value
+        return cls(**kwargs)
+
+    @classmethod
+    def describe(cls) -> dict[str, tuple[Any, Any, str]]:
+        """{field: (type, default, doc)}; a string field's doc lists its valid values."""
+        hints = typing.get_type_hints(cls)
+        out: dict[str, tuple[Any, Any, str]] = {}
+        for f in dataclasses.fields(cls):
+            doc = str(f.metadata.get("doc", ""))
+            choices: Any = f.metadata.get("choices")
+            if isinstance(choices, Choices):
+                doc += f" One of: {choices.describe()}."
+            elif hasattr(choices, "names") and callable(choices.names):
+                doc += f" One of: {', '.join(choices.names())}, or an import path 'package.module:attribute'."
+            elif choices is not None:
+                doc += f" One of: {', '.join(choices)}."
+            bounds = bounds_text(f.metadata)
+            if bounds:
+                doc += f" Valid: {bounds}."
+            out[f.name] = (hints[f.name], f.default, doc)
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The built-in algorithms' params. The names of registry entries are listed here (torch-free); a
+# unit test keeps them equal to the registries' built-in entries.
+# ---------------------------------------------------------------------------------------------
+
+ADVANTAGE_ESTIMATOR_NAMES = Choices(
+    "ADVANTAGE_ESTIMATORS",
+    ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"),
+)
+POLICY_LOSS_NAMES = Choices("POLICY_LOSSES", ("ppo", "gspo"))
+LOSS_AGGREGATION_NAMES = Choices(
+    "LOSS_AGGREGATIONS",
+    ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+)
+KL_ESTIMATOR_NAMES = Choices("KL_ESTIMATORS", ("k1", "k2", "k3", "abs", "low_var_kl", "mse"))
+KL_CONTROLLER_NAMES = Choices("KL_CONTROLLERS", ("fixed", "adaptive"))
+PREFERENCE_LOSS_NAMES = Choices("PREFERENCE_LOSSES", ("dpo", "ipo"))
+
+
+def _like(base: type[AlgorithmParams], name: str, default: Any) -> Any:
+    """Re-declare `base`'s field `name` with a new default, keeping its documentation and bounds."""
+    inherited = base.__dataclass_fields__[name]  # type: ignore[attr-defined]
+    return dataclasses.field(default=default, metadata=inherited.metadata)
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyGradientParams(AlgorithmParams):
+    """Hyperparameters shared by PPO, GRPO, RLOO and REINFORCE++."""
+
+    advantage_estimator: str = param(
+        "gae", "Advantage estimator (ADVANTAGE_ESTIMATORS).", choices=ADVANTAGE_ESTIMATOR_NAMES
+    )
+    policy_loss: str = param(
+        "ppo",
+        "Policy surrogate loss (POLICY_LOSSES): 'ppo' clipped per token or 'gspo' sequence-level. 'gspo' "
+        "keeps this algorithm's clip range and lossAggMode (warning when the range is token-level wide); "
+        "algorithm gspo has the paper's.",
+        choices=POLICY_LOSS_NAMES,
+    )
+    clip_ratio_low: float = param(
+        0.2,
+        "Lower clip epsilon: the ratio is clipped at 1 - clip_ratio_low (the GSPO paper uses 3e-4 for gspo).",
+        minimum=0.0,
+        maximum=1.0,
+        exclusive_maximum=True,
+    )
+    clip_ratio_high: float = param(
+        0.2,
+        "Upper clip epsilon: the ratio is clipped at 1 + clip_ratio_high (DAPO's clip-higher uses 0.28; GSPO 4e-4).",
+        minimum=0.0,
+    )
+    clip_ratio_c: float | None = param(
+        3.0,
+        "Dual-clip constant c > 1 capping the loss at -c*A for negative advantages (ppo loss); null disables.",
+        minimum=1.0,
+        exclusive_minimum=True,
+    )
+    log_ratio_clamp: float = param(
+        20.0,
+        "The log importance ratio is clamped to +-this before exp().",
+        minimum=0.0,
+        exclusive_minimum=True,
+    )
+    loss_agg_mode: str = param(
+        "token-mean",
+        "How token losses become one scalar (LOSS_AGGREGATIONS).",
+        choices=LOSS_AGGREGATION_NAMES,
+    )
+    norm_length: float | None = param(
+        None,
+        "Constant length divisor of lossAggMode seq-mean-token-sum-norm (Dr.GRPO's constant). Unset in a "
+        "job: the generation budget rollout.maxNewTokens; null outside a job: the batch's padded length T "
+        "(which follows the longest response, so it is not constant).",
+        minimum=0.0,
+        exclusive_minimum=True,
+    )
+    entropy_coef: float = param(0.0, "Weight of the entropy bonus (needs batch key 'entropy'); 0 disables.")
+    kl_coef: float = param(
+        0.001, "Initial coefficient beta of the KL to the reference policy; 0 disables.", minimum=0.0
+    )
+    kl_estimator: str = param("k1", "Per-token KL estimator (KL_ESTIMATORS).", choices=KL_ESTIMATOR_NAMES)
+    kl_in_reward: bool = param(
+        True, "true: subtract beta*KL from the rewards before advantages; false: add beta*KL to the loss."
+    )
+    kl_clamp: float | None = param(
+        None,
+        "Bound on each per-token KL estimate; null keeps the estimator's own (verl: only k3, at 10).",
+        minimum=0.0,
+        exclusive_minimum=True,
+    )
+    kl_controller: str = param(
+        "fixed",
+        "How beta evolves (KL_CONTROLLERS): 'fixed' or 'adaptive' (Ziegler et al. 2019).",
+        choices=KL_CONTROLLER_NAMES,
+    )
+    target_kl: float = param(
+        0.1,
+        "Target KL of the adaptive controller (and of dynamic_kl_ppo).",
+        minimum=0.0,
+        exclusive_minimum=True,
+    )
+    horizon: float = param(
+        10000.0, "Adaptive controller horizon, in samples.", minimum=0.0, exclusive_minimum=True
+    )
+    whiten_unbiased: bool = param(
+        True, "Whitening uses the unbiased variance (n - 1, verl) instead of the biased one (n, OpenRLHF)."
+    )
+
+    job_defaults: ClassVar[Mapping[str, str]] = {"norm_length": "rollout.max_new_tokens"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOParams(PolicyGradientParams):
+    """PPO with a critic and GAE (Ouyang et al. 2022 setup: KL penalty in the reward)."""
+
+    gamma: float = param(1.0, "Discount factor.", minimum=0.0, maximum=1.0)
+    lam: float = param(
+        1.0,
+        "GAE lambda (bias/variance trade-off; 1 = Monte Carlo returns minus values).",
+        minimum=0.0,
+        maximum=1.0,
+    )
+    gae_masking: str = param(
+        "carry",
+        "Masked positions in GAE: 'carry' skips them (verl), 'zero' zeroes rewards and values there (OpenRLHF).",
+        choices=Choices("gae_masking", ("carry", "zero"), open=False),
+    )
+    whiten_advantages: bool = param(True, "Normalise GAE advantages over the batch's valid tokens.")
+    clip_range_value: float | None = param(
+        0.5,
+        "Value clipping: the new value may move at most this far from the old one; null disables.",
+        minimum=0.0,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOParams(PolicyGradientParams):
+    """GRPO: group-normalised outcome advantages, KL as a loss term (k3) rather than in the reward."""
+
+    advantage_estimator: str = _like(PolicyGradientParams, "advantage_estimator", "grpo")
+    kl_estimator: str = _like(PolicyGradientParams, "kl_estimator", "k3")
+    kl_in_reward: bool = _like(PolicyGradientParams, "kl_in_reward", False)
+    epsilon: float = param(
+        1e-6, "Added to the group std before dividing (verl 1e-6, OpenRLHF 1e-9).", minimum=0.0
+    )
+    norm_by_std: bool = param(True, "Divide by the group std; false gives Dr.GRPO (arXiv:2503.20783).")
+
+
+@dataclasses.dataclass(frozen=True)
+class GSPOParams(GRPOParams):
+    """GSPO: GRPO's group advantages with the sequence-level ratio and the paper's settings."""
+
+    policy_loss: str = _like(GRPOParams, "policy_loss", "gspo")
+    clip_ratio_low: float = _like(GRPOParams, "clip_ratio_low", 3e-4)
+    clip_ratio_high: float = _like(GRPOParams, "clip_ratio_high", 4e-4)
+    loss_agg_mode: str = _like(GRPOParams, "loss_agg_mode", "seq-mean-token-mean")
+    kl_coef: float = _like(GRPOParams, "kl_coef", 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DrGRPOParams(GRPOParams):
+    """Dr.GRPO: GRPO without the std normalisation and with a constant length normaliser."""
+
+    norm_by_std: bool = _like(GRPOParams, "norm_by_std", False)
+    loss_agg_mode: str = _like(GRPOParams, "loss_agg_mode", "seq-mean-token-sum-norm")
+
+    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
+        ("!normByStd", "dr_grpo: normByStd must be false (Dr.GRPO removes the std normalisation)"),
+    ]
+
+    def validate(self) -> None:
+        super().validate()
+        if self.norm_by_std:
+            raise ValueError("dr_grpo: norm_by_std must be false (Dr.GRPO removes the std normalisation)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReMaxParams(PolicyGradientParams):
+    """ReMax: REINFORCE with the greedy response's reward as the baseline, KL penalty in the reward."""
+
+    advantage_estimator: str = _like(PolicyGradientParams, "advantage_estimator", "remax")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLOOParams(PolicyGradientParams):
+    """RLOO: leave-one-out baseline within each prompt's group, KL penalty in the reward."""
+
+    advantage_estimator: str = _like(PolicyGradientParams, "advantage_estimator", "rloo")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReinforcePlusPlusParams(PolicyGradientParams):
+    """REINFORCE++: discounted returns with the KL penalty in the reward, whitened over the batch."""
+
+    advantage_estimator: str = _like(PolicyGradientParams, "advantage_estimator", "reinforce_plus_plus")
+    gamma: float = param(1.0, "Discount factor of the returns.", minimum=0.0, maximum=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicKLPPOParams(PPOParams):
+    """PPO params plus the bounds of the KL coefficient schedule."""
+
+    kl_coef: float = _like(PPOParams, "kl_coef", 0.05)
+    beta_min: float = param(0.001, "Lower bound of the KL coefficient.", minimum=0.0, exclusive_minimum=True)
+    beta_max: float = param(1.0, "Upper bound of the KL coefficient.", minimum=0.0, exclusive_minimum=True)
+
+    #: Cross-field rules as CEL over the params (missing keys take their defaults); the CRD
+    #: evaluates them when `spec.algorithm.name` is this algorithm.
+    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
+        ("betaMin <= betaMax", "betaMin must be <= betaMax"),
+        ("betaMin <= klCoef && klCoef <= betaMax", "klCoef must lie in [betaMin, betaMax]"),
+        (
+            "klController == 'fixed'",
+            "dynamic_kl_ppo schedules the KL coefficient itself; klController must be 'fixed'",
+        ),
+    ]
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.beta_min <= self.beta_max:
+            raise ValueError(
+                f"need beta_min <= beta_max, got beta_min={self.beta_min}, beta_max={self.beta_max}"
+            )
+        if not self.beta_min <= self.kl_coef <= self.beta_max:
+            raise ValueError(
+                f"kl_coef {self.kl_coef} must lie in [beta_min, beta_max] = [{self.beta_min}, {self.beta_max}]"
+            )
+        if self.kl_controller != "fixed":
+            raise ValueError(
+                f"dynamic_kl_ppo schedules the KL coefficient itself; kl_controller must be 'fixed', got {self.kl_controller!r}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineDPOParams(AlgorithmParams):
+    """Online DPO: two samples per prompt, the better-scored one is chosen, a preference loss on the pair."""
+
+    preference_loss: str = param(
+        "dpo", "Pairwise loss (PREFERENCE_LOSSES): 'dpo' or 'ipo'.", choices=PREFERENCE_LOSS_NAMES
+    )
+    beta: float = param(
+        0.1,
+        "Strength of the implicit KL regularisation to the reference.",
+        minimum=0.0,
+        exclusive_minimum=True,
+    )
+    label_smoothing: float = param(
+        0.0,
+        "DPO only: assumed share of flipped preference labels, in [0, 0.5).",
+        minimum=0.0,
+        maximum=0.5,
+        exclusive_maximum=True,
+    )
+    length_normalize: bool = param(
+        False, "Use the mean instead of the sum of token log-probs per sequence (as TRL's IPO does)."
+    )
+
+
+#: Params of each built-in algorithm, by its `spec.algorithm.name`.
+BUILTIN_PARAMS: dict[str, type[AlgorithmParams]] = {
+    "ppo": PPOParams,
+    "grpo": GRPOParams,
+    "gspo": GSPOParams,
+    "dr_grpo": DrGRPOParams,
+    "rloo": RLOOParams,
+    "reinforce_plus_plus": ReinforcePlusPlusParams,
+    "remax": ReMaxParams,
+    "online_dpo": OnlineDPOParams,
+    "dynamic_kl_ppo": DynamicKLPPOParams,
+}
+
+
+def check_params(name: str, params: Mapping[str, Any], path: str = "spec.algorithm.params") -> list[str]:
+    """Errors of a built-in algorithm's manifest params (camelCase keys), each naming the field, the
+    value and what is valid; [] for a custom algorithm (its class checks its own)."""
+    cls = BUILTIN_PARAMS.get(name)
+    if cls is None:
+        return []
+    fields = {camel(f.name): f for f in dataclasses.fields(cls)}
+    errs = [
+        f"{path}.{key}: unknown param {key!r} of algorithm {name} (value {json.dumps(value)}); valid: {', '.join(fields)}"
+        for key, value in params.items()
+        if key not in fields
+    ]
+    if errs:
+        return errs
+    try:
+        cls.from_dict(params)
+    except ValueError as err:
+        match = re.match(r"param '(\w+)'", str(err))
+        field = getattr(err, "param", None) or (match.group(1) if match else None)
+        where = f"{path}.{camel(field)}" if field else path
+        errs.append(f"{where}: {err}")
+    return errs
+
+
+# ---------------------------------------------------------------------------------------------
+# The CRD: schema of spec.algorithm.params and the rules keyed on the algorithm's name
+# ---------------------------------------------------------------------------------------------
+
+
+def _union() -> dict[str, list[tuple[str, dataclasses.Field[Any], Any]]]:
+    """camelCase key -> [(algorithm, field, type hint)] over the built-ins."""
+    out: dict[str, list[tuple[str, dataclasses.Field[Any], Any]]] = {}
+    for algo, cls in BUILTIN_PARAMS.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            out.setdefault(camel(f.name), []).append((algo, f, hints[f.name]))
+    return out
+
+
+def _cel_list(names: list[str] | tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+
+
+def params_schema() -> dict[str, Any]:
+    """Schema of `spec.algorithm.params`: every built-in's keys, typed and bounded."""
+    props: dict[str, Any] = {}
+    for key, uses in _union().items():
+        _, f, hint = uses[0]
+        options = [o for o in _options(hint) if o is not type(None)]
+        kind = {bool: "boolean", int: "integer", float: "number", str: "string"}[options[0]]
+        schema: dict[str, Any] = {"type": kind}
+        if type(None) in _options(hint):
+            schema["nullable"] = True
+        meta = f.metadata
+        if meta.get("minimum") is not None:
+            schema["minimum"] = meta["minimum"]
+            if meta.get("exclusive_minimum"):
+                schema["exclusiveMinimum"] = True
+        if meta.get("maximum") is not None:
+            schema["maximum"] = meta["maximum"]
+            if meta.get("exclusive_maximum"):
+                schema["exclusiveMaximum"] = True
+        choices = meta.get("choices")
+        if isinstance(choices, Choices) and not choices.open:
+            schema["enum"] = list(choices.names)
+        elif isinstance(choices, Choices):
+            schema["x-kubernetes-validations"] = [
+                {
+                    "rule": f"self in {_cel_list(choices.names)} || self.matches('{IMPORT_PATH_RE}')",
+                    "messageExpression": f"'\"' + self + '\" is not valid; valid: {choices.describe()}'",
+                }
+            ]
+        defaults: dict[str, list[str]] = {}
+        for algo, g, _ in uses:
+            defaults.setdefault(json.dumps(g.default), []).append(algo)
+        default_text = "; ".join(f"{value} ({', '.join(algos)})" for value, algos in defaults.items())
+        doc = str(meta.get("doc", ""))
+        if isinstance(choices, Choices):
+            doc += f" One of: {choices.describe()}."
+        bounds = bounds_text(meta)
+        schema["description"] = (
+            doc
+            + (f" Valid: {bounds}." if bounds else "")
+            + f" Default: {default_text}. Taken by: {', '.join(a for a, _, _ in uses)}."
+        )
+        props[key] = schema
+    return {
+        "type": "object",
+        "description": "Hyperparameters of a built-in algorithm (camelCase keys; each key names the algorithms "
+        "that take it and their defaults). A key the chosen algorithm does not take is refused. A custom "
+        "algorithm may use these keys too; its own go in customParams.",
+        "properties": props,
+    }
+
+
+def _with_defaults(expr: str, algo: str) -> str:
+    """`expr` over bare param names, each replaced by `self.params.X` or its default when unset."""
+    cls = BUILTIN_PARAMS[algo]
+    for f in dataclasses.fields(cls):
+        key = camel(f.name)
+        default = f.default if not isinstance(f.default, str) else f"'{f.default}'"
+        default = json.dumps(default) if isinstance(default, bool) else default
+        if isinstance(default, float):
+            default = repr(default)
+        expr = re.sub(
+            rf"(?<![\w.']){key}(?![\w'])",
+            f"(has(self.params.{key}) ? self.params.{key} : {default})",
+            expr,
+        )
+    return expr
+
+
+def cel_rules() -> list[tuple[Any, ...]]:
+    """Rules of `spec.algorithm` (CEL, `self` is the algorithm): each key of `params` must be one
+    the chosen built-in takes; each built-in's cross-field rules; customParams only for a custom
+    algorithm."""
+    names = list(BUILTIN_PARAMS)
+    valid_by_algo = (
+        "{"
+        + ", ".join(
+            f"'{a}': '{', '.join(camel(f.name) for f in dataclasses.fields(c))}'"
+            for a, c in BUILTIN_PARAMS.items()
+        )
+        + "}"
+    )
+    rules: list[tuple[Any, ...]] = []
+    for key, uses in _union().items():
+        lacking = [a for a in names if a not in {u[0] for u in uses}]
+        if not lacking:
+            continue
+        rules.append(
+            (
+                f"!has(self.params.{key}) || !(self.name in {_cel_list(lacking)})",
+                f"params.{key} is not a parameter of this algorithm",
+                {
+                    "fieldPath": f".params.{key}",
+                    "messageExpression": f"'params.{key} is not a parameter of ' + self.name + '; valid: ' + "
+                    f"{valid_by_algo}[self.name]",
+                },
+            )
+        )
+    for algo, cls in BUILTIN_PARAMS.items():
+        for expr, message in getattr(cls, "CEL_RULES", []):
+            rules.append(
+                (
+                    f"self.name != '{algo}' || ({_with_defaults(expr, algo)})",
+                    f"{algo}: {message}",
+                    {"fieldPath": ".params"},
+                )
+            )
+    rules.append(
+        (
+            # (no size(): CEL sees no fields of a free-form object, only whether it is set)
+            f"!has(self.customParams) || !(self.name in {_cel_list(names)})",
+            "customParams are for a custom algorithm (an import path); a built-in's params go in params",
+            {"fieldPath": ".customParams"},
+        )
+    )
+    return rules
+
+
+def reference_markdown() -> str:
+    """The manifest reference's section on each built-in's params: key, type, default, bounds, doc."""
+    lines = [
+        "## `spec.algorithm.params` by algorithm",
+        "",
+        "Keys are camelCase; a key the chosen algorithm does not take is refused (by the API server and "
+        "`rlhf validate`). A custom algorithm (`name: package.module:Class`) may use these keys and puts its "
+        "own in `customParams`.",
+        "",
+    ]
+    for algo, cls in BUILTIN_PARAMS.items():
+        lines += [
+            f"### `{algo}`",
+            "",
+            (cls.__doc__ or "").strip(),
+            "",
+            "| param | type | default | valid | description |",
+            "|---|---|---|---|---|",
+        ]
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            choices = f.metadata.get("choices")
+            valid = bounds_text(f.metadata) or (choices.describe() if isinstance(choices, Choices) else "")
+            lines.append(
+                f"| `{camel(f.name)}` | {_type_name(hints[f.name]).replace(' | None', ' or null')} | `{json.dumps(f.default)}` | {valid} | "
+                f"{f.metadata.get('doc', '')} |"
+            )
+        rules = getattr(cls, "CEL_RULES", [])
+        if rules:
+            lines += ["", "Cross-field rules: " + "; ".join(message for _, message in rules) + "."]
+        lines.append("")
+    return "\n".join(lines)
