@@ -286,7 +286,9 @@ def test_job_trains_on_real_pods(job: Job) -> None:
         assert pod["status"]["phase"] == "Running", name
         assert pod["spec"]["nodeName"] == NODE_NAME, name
         assert pod["status"]["podIP"].startswith("10.244.0."), name
-    # Step and Reward columns of `kubectl get rltj`, advancing.
+    # Step and Reward columns of `kubectl get rltj`, advancing. The columns read status.summary,
+    # which the operator derives from status.progress on its next reconcile: a moment behind.
+    job.wait(lambda: int(job.row()["STEP"].split("/")[0]) >= 3, "Step column at 3")
     first = job.row()
     done, total = (int(x) for x in first["STEP"].split("/"))
     assert total == STEPS and done >= 3
