@@ -287,6 +287,46 @@ CREATE_CASES: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
         ),
         "spec.pod.volumes[0].persistentVolumeClaim.claimName",
     ),
+    # -- checks once only in the Python loader, now CEL rules of the CRD too
+    ("label key syntax", "types", setp("spec.pod", {"labels": {"bad key!": "x"}}), "spec.pod.labels"),
+    (
+        "label key the operator owns",
+        "types",
+        setp(f"{R}.rollout.pod", {"labels": {"rlhf.dev/role": "x"}}),
+        "spec.roles.rollout.pod.labels",
+    ),
+    ("label value", "types", setp("spec.pod", {"labels": {"team": "a b"}}), "spec.pod.labels"),
+    (
+        "annotation key the operator owns",
+        "types",
+        setp("spec.controller", {"pod": {"annotations": {"kueue.x-k8s.io/queue-name": "q"}}}),
+        "spec.controller.pod.annotations",
+    ),
+    (
+        "GPUs as a device",
+        "types",
+        setp(f"{R}.actor.resources.devices", {"nvidia.com/gpu": 8}),
+        "spec.roles.actor.resources.devices",
+    ),
+    (
+        "device in kubernetes.io",
+        "types",
+        setp(f"{R}.actor.resources.devices", {"example.kubernetes.io/nic": 1}),
+        "spec.roles.actor.resources.devices",
+    ),
+    (
+        "device count zero",
+        "types",
+        setp(f"{R}.actor.resources.devices", {"rdma/hca": 0}),
+        "spec.roles.actor.resources.devices",
+    ),
+    (
+        "LoRA without target modules",
+        "types",
+        setp("spec.model.lora", {"targetModules": []}),
+        "spec.model.lora.targetModules",
+    ),
+    ("LoRA dropout of 1", "types", setp("spec.model.lora", {"dropout": 1.0}), "spec.model.lora.dropout"),
     # -- cross-field rules
     ("min above max", "cross-field", setp(f"{R}.rollout.minReplicas", 5), "spec.roles.rollout.minReplicas"),
     ("replicas above max", "cross-field", setp(f"{R}.rollout.replicas", 9), "spec.roles.rollout.replicas"),

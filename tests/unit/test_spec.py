@@ -275,6 +275,10 @@ OPERATOR_OWNS_ENV = (
     "is set by the operator (the pod contract); valid: any other name (the operator's defaults HOME, "
     "XDG_CACHE_HOME, HF_HOME, MPLCONFIGDIR, ... may be overridden)"
 )
+OWNED_KEY = (
+    "is set by the operator (the rlhf.dev/ namespace, and the scheduling keys from spec.scheduling); valid: "
+    "any other key"
+)
 LABEL_KEY = (
     "is not valid; valid: an optional DNS-subdomain prefix and '/', then a name of at most 63 letters, "
     "digits, '-', '_' or '.', starting and ending with a letter or digit"
@@ -473,28 +477,29 @@ def test_every_pod_setting_parses_and_round_trips():
         # labels and annotations
         (
             {"pod": {"labels": {"rlhf.dev/role": "x"}}},
-            "spec.pod.labels: key 'rlhf.dev/role' is in the rlhf.dev/ namespace, which the operator owns; use another prefix",
+            'spec.pod.labels: Invalid value: "object": label key "rlhf.dev/role" ' + OWNED_KEY,
         ),
         (
             {"roles": {"reward": {"pod": {"annotations": {"x.rlhf.dev/a": "x"}}}}},
-            "spec.roles.reward.pod.annotations: key 'x.rlhf.dev/a' is in the rlhf.dev/ namespace, which the operator "
-            "owns; use another prefix",
+            'spec.roles.reward.pod.annotations: Invalid value: "object": annotation key "x.rlhf.dev/a" ' + OWNED_KEY,
         ),
         (
             {"pod": {"labels": {"kueue.x-k8s.io/queue-name": "q"}}},
-            "spec.pod.labels: key 'kueue.x-k8s.io/queue-name' is set by the operator (from spec.scheduling or for "
-            "every child); remove it",
+            'spec.pod.labels: Invalid value: "object": label key "kueue.x-k8s.io/queue-name" ' + OWNED_KEY,
         ),
         (
             {"controller": {"pod": {"annotations": {"scheduling.k8s.io/group-name": "g"}}}},
-            "spec.controller.pod.annotations: key 'scheduling.k8s.io/group-name' is set by the operator (from "
-            "spec.scheduling or for every child); remove it",
+            'spec.controller.pod.annotations: Invalid value: "object": annotation key "scheduling.k8s.io/group-name" '
+            + OWNED_KEY,
         ),
-        ({"pod": {"labels": {"bad key!": "x"}}}, f"spec.pod.labels: key 'bad key!' {LABEL_KEY}"),
+        (
+            {"pod": {"labels": {"bad key!": "x"}}},
+            f'spec.pod.labels: Invalid value: "object": label key "bad key!" {LABEL_KEY}, e.g. team or example.com/team',
+        ),
         (
             {"pod": {"labels": {"team": "not valid"}}},
-            "spec.pod.labels.team: 'not valid' is not a valid label value; valid: at most 63 letters, digits, '-', "
-            "'_' or '.', starting and ending with a letter or digit (or empty)",
+            'spec.pod.labels: Invalid value: "object": label "team": value "not valid" is not a valid label value; '
+            "valid: at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit (or empty)",
         ),
         (
             {"pod": {"unknown": 1}},
@@ -503,21 +508,23 @@ def test_every_pod_setting_parses_and_round_trips():
         # resources, devices, controller, image
         (
             {"roles": {"actor": {"resources": {"devices": {"rdma/hca": 0}}}}},
-            "spec.roles.actor.resources.devices.rdma/hca: 0 is below the minimum 1",
+            'spec.roles.actor.resources.devices: Invalid value: "object": "rdma/hca": the count must be >= 1 '
+            "(leave the device out for none)",
         ),
         (
             {"roles": {"actor": {"resources": {"devices": {"nvidia.com/gpu": 1}}}}},
-            "spec.roles.actor.resources.devices: 'nvidia.com/gpu' is set by `gpus`; use spec.roles.actor.resources.gpus",
+            'spec.roles.actor.resources.devices: Invalid value: "object": nvidia.com/gpu is set by gpus; use the '
+            "role's resources.gpus",
         ),
         (
             {"roles": {"rollout": {"resources": {"devices": {"memory": 1}}}}},
-            "spec.roles.rollout.resources.devices: 'memory' is not an extended resource name; valid: domain/name "
-            "outside kubernetes.io, e.g. rdma/hca or vpc.amazonaws.com/efa",
+            'spec.roles.rollout.resources.devices: Invalid value: "object": "memory" is not an extended resource '
+            "name; valid: domain/name outside kubernetes.io, e.g. rdma/hca or vpc.amazonaws.com/efa",
         ),
         (
             {"roles": {"actor": {"resources": {"devices": {"example.kubernetes.io/x": 1}}}}},
-            "spec.roles.actor.resources.devices: 'example.kubernetes.io/x' is not an extended resource name; valid: "
-            "domain/name outside kubernetes.io, e.g. rdma/hca or vpc.amazonaws.com/efa",
+            'spec.roles.actor.resources.devices: Invalid value: "object": "example.kubernetes.io/x" is not an '
+            "extended resource name; valid: domain/name outside kubernetes.io, e.g. rdma/hca or vpc.amazonaws.com/efa",
         ),
         (
             {"roles": {"actor": {"resources": {"devices": {"rdma/hca": "one"}}}}},

@@ -530,6 +530,48 @@ def check_params(name: str, params: Mapping[str, Any], path: str = "spec.algorit
     return errs
 
 
+#: A key of a custom algorithm's params: `Params.from_dict` turns camelCase into snake_case and
+#: looks for a dataclass field of that name, so anything else could never be a param.
+PARAM_KEY_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def check_custom_params(
+    name: str,
+    params: Mapping[str, Any],
+    custom_params: Mapping[str, Any] | None,
+    path: str = "spec.algorithm",
+) -> list[str]:
+    """Errors of a custom algorithm's params (`name` an import path) found without its class.
+
+    The operator runs this before it creates any pod, and never imports the user's module (it
+    is not in the operator's image, and importing it would run a manifest's code with the
+    operator's credentials). So it checks what holds for every `AlgorithmParams.from_dict`:
+    each key of `customParams` is a name a dataclass field can have, and no param is given twice
+    (in `params` and `customParams`, or as `myCoef` and `my_coef`: the algorithm would be built
+    with only one of them). The class checks the values (types, bounds) when the trainer builds it.
+    [] for a built-in algorithm (its params are typed; `customParams` is refused by the CRD)."""
+    if name in BUILTIN_PARAMS or not custom_params:
+        return []
+    errs = [
+        f"{path}.customParams.{key}: {key!r} can never be a param of an algorithm (value "
+        f"{json.dumps(value)}); valid: a name of letters, digits and '_', not starting with a digit, "
+        "e.g. myCoef or my_coef"
+        for key, value in custom_params.items()
+        if not re.match(PARAM_KEY_RE, str(key))
+    ]
+    seen: dict[str, str] = {}
+    for where, values in (("params", params), ("customParams", custom_params)):
+        for key in values:
+            field = _snake(str(key))
+            if field in seen:
+                errs.append(
+                    f"{path}.{where}.{key}: param {field!r} is already given as {seen[field]}; valid: "
+                    "each param once (a custom algorithm's typed keys in params, its own in customParams)"
+                )
+            seen.setdefault(field, f"{path}.{where}.{key}")
+    return errs
+
+
 # ---------------------------------------------------------------------------------------------
 # The CRD: schema of spec.algorithm.params and the rules keyed on the algorithm's name
 # ---------------------------------------------------------------------------------------------

@@ -101,26 +101,29 @@ def camel(name: str) -> str:
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
+def _cel_string(text: str) -> str:
+    """`text` as a single-quoted CEL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 # --------------------------------------------------------------------------------------------
 # Sections
 # --------------------------------------------------------------------------------------------
 
 
-def _check_lora_dropout(value: float, path: str) -> list[str]:
-    if 0.0 <= value < 1.0:
-        return []
-    return [f"{path}: {value!r} is not valid; valid: a probability in [0, 1)"]
-
-
-def _check_lora_targets(value: list[str], path: str) -> list[str]:
-    if not value:
-        return [f"{path}: must not be empty; valid: [all-linear] or module names such as [q_proj, v_proj]"]
-    bad = [v for v in value if not v.strip()]
-    if bad:
-        return [f"{path}: {bad[0]!r} is not a module name; valid: names such as q_proj, or all-linear"]
-    if "all-linear" in value and len(value) > 1:
-        return [f"{path}: all-linear stands alone; valid: [all-linear] or a list of module names"]
-    return []
+#: CEL rules of LoRA fields (the API server and `rlhf validate` evaluate them; see `admission`).
+_LORA_DROPOUT_CEL = [("self < 1.0", "'dropout must be a probability in [0, 1); got 1 or more'")]
+_LORA_TARGETS_CEL = [
+    ("size(self) > 0", "'must not be empty; valid: [all-linear] or module names such as [q_proj, v_proj]'"),
+    (
+        "self.all(t, !t.matches('^\\\\s*$'))",
+        "'a module name is blank; valid: names such as q_proj, or all-linear'",
+    ),
+    (
+        "!('all-linear' in self) || size(self) == 1",
+        "'all-linear stands alone; valid: [all-linear] or a list of module names'",
+    ),
+]
 
 
 @dataclass
@@ -141,13 +144,13 @@ class LoraSpec:
         doc="Dropout on the adapters' input while training, in [0, 1). Keep 0 for RL: scoring and "
         "sampling forwards then equal the trained one.",
         minimum=0.0,
-        check=_check_lora_dropout,
+        cel=_LORA_DROPOUT_CEL,
     )
     target_modules: list[str] = _f(
         ["all-linear"],
         doc="Modules that get an adapter: `[all-linear]` (every linear layer but the output head) or "
         "module names matched by `peft` (e.g. `[q_proj, k_proj, v_proj, o_proj]`).",
-        check=_check_lora_targets,
+        cel=_LORA_TARGETS_CEL,
     )
     export_adapter: bool = _f(
         False,
@@ -303,7 +306,9 @@ class AlgorithmSpec:
     ]
 
     def check(self, path: str) -> list[str]:
-        return algorithm_params.check_params(self.name, self.params, f"{path}.params")
+        return algorithm_params.check_params(
+            self.name, self.params, f"{path}.params"
+        ) + algorithm_params.check_custom_params(self.name, self.params, self.custom_params, path)
 
     @property
     def all_params(self) -> dict[str, Any]:
@@ -507,6 +512,11 @@ FIELD_PATHS = (
 EXTENDED_RESOURCE_RE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 _LABEL_NAME_RE = r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
 _LABEL_VALUE_RE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+#: A label or annotation key: an optional DNS-subdomain prefix and '/', then a name (the lengths,
+#: at most 253 and 63, are a separate check).
+_METADATA_KEY_RE = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
+)
 
 #: Names of the volumes the operator adds itself.
 OPERATOR_VOLUMES = ("dshm", "tmp", "spec", "workspace")
@@ -540,27 +550,6 @@ def _one_of_cel(names: tuple[str, ...]) -> str:
     return " + ".join(f"(has(self.{camel(n)}) ? 1 : 0)" for n in names) + " == 1"
 
 
-def _metadata_key_errors(key: str, path: str) -> list[str]:
-    """A label or annotation key: `[prefix/]name`, not one the operator owns."""
-    prefix, _, name = key.rpartition("/")
-    if (prefix and (len(prefix) > 253 or not re.match(DNS_SUBDOMAIN_RE, prefix))) or (
-        len(name) > 63 or not re.match(_LABEL_NAME_RE, name)
-    ):
-        return [
-            f"{path}: key {key!r} is not valid; valid: an optional DNS-subdomain prefix and '/', then a "
-            "name of at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
-        ]
-    if prefix == GROUP or prefix.endswith("." + GROUP):
-        return [
-            f"{path}: key {key!r} is in the {GROUP}/ namespace, which the operator owns; use another prefix"
-        ]
-    if key in OPERATOR_METADATA_KEYS:
-        return [
-            f"{path}: key {key!r} is set by the operator (from spec.scheduling or for every child); remove it"
-        ]
-    return []
-
-
 def _check_relative_path(value: str, path: str) -> list[str]:
     if _is_relative_path(value):
         return []
@@ -588,6 +577,26 @@ def _check_env_name(value: str, path: str) -> list[str]:
             "(the operator's defaults HOME, XDG_CACHE_HOME, HF_HOME, MPLCONFIGDIR, ... may be overridden)"
         ]
     return []
+
+
+def cel_int(expr: str, digits: int = 7) -> str:
+    """A CEL expression giving the decimal text of the non-negative integer `expr`, for a rule's
+    messageExpression. The API server's cost estimator cannot bound the length of `string(int)`
+    and so refuses every message built with it; this builds the text from one-character
+    constants, which it can bound (`digits` at most; larger or negative values are described)."""
+    d = "['0', '1', '2', '3', '4', '5', '6', '7', '8', '9']"
+    parts = [f"({expr} >= {10**k} ? {d}[{expr} / {10**k} % 10] : '')" for k in range(digits - 1, 0, -1)]
+    parts.append(f"{d}[{expr} % 10]")
+    return f"({expr} < 0 || {expr} >= {10**digits} ? 'out of range' : " + " + ".join(parts) + ")"
+
+
+def cel_names(items: str, key: str = "name", limit: int = 8) -> str:
+    """A CEL expression listing `items[i].key` (a non-empty list), comma-separated, the first
+    `limit` of them: `join` has a result the API server's cost estimator cannot bound."""
+    parts = [f"{items}[0].{key}"]
+    parts += [f"(size({items}) > {i} ? ', ' + {items}[{i}].{key} : '')" for i in range(1, limit)]
+    parts.append(f"(size({items}) > {limit} ? ', ...' : '')")
+    return "(" + " + ".join(parts) + ")"
 
 
 def _cel_in(values: tuple[str, ...] | list[str]) -> str:
@@ -626,35 +635,58 @@ _ENV_NAME_CEL = [
 ]
 
 
-def _check_labels(labels: dict[str, str], path: str) -> list[str]:
-    errs: list[str] = []
-    for key, value in labels.items():
-        errs.extend(_metadata_key_errors(key, path))
-        if len(value) > 63 or not re.match(_LABEL_VALUE_RE, value):
-            errs.append(
-                f"{path}.{key}: {value!r} is not a valid label value; valid: at most 63 letters, "
-                "digits, '-', '_' or '.', starting and ending with a letter or digit (or empty)"
-            )
-    return errs
+def _metadata_key_cel(kind: str) -> list[tuple[str, str]]:
+    """Rules of a map of pod `kind`s (labels, annotations) on its keys: `[prefix/]name`, and not
+    one the operator owns. (The API server bounds the cost of a rule over a map's keys by the
+    map's maxProperties.)"""
+
+    def bad_syntax(k: str) -> str:
+        return f"!({k}.matches('^([^/]{{1,253}}/)?[^/]{{1,63}}$') && {k}.matches({_cel_string(_METADATA_KEY_RE)}))"
+
+    def owned(k: str) -> str:
+        group = GROUP.replace(".", "[.]")
+        return f"({k}.matches('^([^/]*[.])?{group}/') || {k} in {_cel_in(OPERATOR_METADATA_KEYS)})"
+
+    return [
+        (
+            f"!self.exists(k, {bad_syntax('k')})",
+            f"'{kind} key \"' + self.filter(k, {bad_syntax('k')})[0] + '\" is not valid; valid: an optional "
+            "DNS-subdomain prefix and \\'/\\', then a name of at most 63 letters, digits, \\'-\\', \\'_\\' or "
+            "\\'.\\', starting and ending with a letter or digit, e.g. team or example.com/team'",
+        ),
+        (
+            f"!self.exists(k, {owned('k')})",
+            f"'{kind} key \"' + self.filter(k, {owned('k')})[0] + '\" is set by the operator (the {GROUP}/ "
+            "namespace, and the scheduling keys from spec.scheduling); valid: any other key'",
+        ),
+    ]
 
 
-def _check_annotations(annotations: dict[str, str], path: str) -> list[str]:
-    return [e for key in annotations for e in _metadata_key_errors(key, path)]
+_LABEL_VALUE_OK = f"self[k].size() <= 63 && self[k].matches({_cel_string(_LABEL_VALUE_RE)})"
+_LABELS_CEL = [
+    *_metadata_key_cel("label"),
+    (
+        f"self.all(k, {_LABEL_VALUE_OK})",
+        f"'label \"' + self.filter(k, !({_LABEL_VALUE_OK}))[0] + '\": value \"' + "
+        f"self[self.filter(k, !({_LABEL_VALUE_OK}))[0]] + '\" is not a valid label value; valid: at most 63 "
+        "letters, digits, \\'-\\', \\'_\\' or \\'.\\', starting and ending with a letter or digit (or empty)'",
+    ),
+]
+_ANNOTATIONS_CEL = _metadata_key_cel("annotation")
 
-
-def _check_devices(devices: dict[str, int], path: str) -> list[str]:
-    errs: list[str] = []
-    for key, count in devices.items():
-        if not re.match(EXTENDED_RESOURCE_RE, key) or key.split("/")[0].endswith("kubernetes.io"):
-            errs.append(
-                f"{path}: {key!r} is not an extended resource name; valid: domain/name outside "
-                "kubernetes.io, e.g. rdma/hca or vpc.amazonaws.com/efa"
-            )
-        elif key == "nvidia.com/gpu":
-            errs.append(f"{path}: {key!r} is set by `gpus`; use {path.rsplit('.', 1)[0]}.gpus")
-        if count < 1:
-            errs.append(f"{path}.{key}: {count} is below the minimum 1")
-    return errs
+_DEVICE_KEY_OK = f"k.matches({_cel_string(EXTENDED_RESOURCE_RE)}) && !k.matches('^[^/]*kubernetes[.]io/')"
+_DEVICES_CEL = [
+    (
+        f"self.all(k, {_DEVICE_KEY_OK})",
+        f"'\"' + self.filter(k, !({_DEVICE_KEY_OK}))[0] + '\" is not an extended resource name; valid: "
+        "domain/name outside kubernetes.io, e.g. rdma/hca or vpc.amazonaws.com/efa'",
+    ),
+    ("!('nvidia.com/gpu' in self)", "'nvidia.com/gpu is set by gpus; use the role\\'s resources.gpus'"),
+    (
+        "self.all(k, self[k] >= 1)",
+        "'\"' + self.filter(k, self[k] < 1)[0] + '\": the count must be >= 1 (leave the device out for none)'",
+    ),
+]
 
 
 @dataclass
@@ -910,12 +942,12 @@ class PodSettingsSpec:
     labels: dict[str, str] = _f(
         {},
         doc=f"Pod labels; keys in the {GROUP}/ namespace and the scheduling keys the operator sets are refused.",
-        check=_check_labels,
+        cel=_LABELS_CEL,
     )
     annotations: dict[str, str] = _f(
         {},
         doc=f"Pod annotations; keys in the {GROUP}/ namespace and the scheduling keys the operator sets are refused.",
-        check=_check_annotations,
+        cel=_ANNOTATIONS_CEL,
     )
     volumes: list[VolumeSpec] = _f(
         [],
@@ -1007,7 +1039,7 @@ class ResourcesSpec:
         {},
         doc="Extended resources per pod, requests = limits: network or other devices a device plugin "
         "advertises, e.g. `rdma/hca: 1` or `vpc.amazonaws.com/efa: 4` (GPUs go in `gpus`).",
-        check=_check_devices,
+        cel=_DEVICES_CEL,
     )
 
 
@@ -1057,7 +1089,10 @@ class RolloutRoleSpec:
             "rollout.minReplicas must be <= rollout.maxReplicas",
             {
                 "fieldPath": ".minReplicas",
-                "messageExpression": "'rollout.minReplicas must be <= rollout.maxReplicas (' + string(self.maxReplicas) + ')'",
+                "messageExpression": "'rollout.minReplicas must be <= rollout.maxReplicas (' + "
+                + cel_int("self.maxReplicas")
+                + " + '); got ' + "
+                + cel_int("self.minReplicas"),
             },
         ),
         (
@@ -1066,7 +1101,11 @@ class RolloutRoleSpec:
             {
                 "fieldPath": ".replicas",
                 "messageExpression": "'rollout.replicas must lie in [minReplicas, maxReplicas] = [' + "
-                "string(self.minReplicas) + ', ' + string(self.maxReplicas) + ']'",
+                + cel_int("self.minReplicas")
+                + " + ', ' + "
+                + cel_int("self.maxReplicas")
+                + " + ']; got ' + "
+                + cel_int("self.replicas"),
             },
         ),
     ]
@@ -1354,7 +1393,11 @@ class JobSpec:
         (
             "self.roles.actor.replicas >= 1",
             "spec.roles.actor.replicas must be >= 1 (the actor trains the policy)",
-            {"fieldPath": ".roles.actor.replicas"},
+            {
+                "fieldPath": ".roles.actor.replicas",
+                "messageExpression": "'spec.roles.actor.replicas must be >= 1 (the actor trains the policy); got ' + "
+                + cel_int("self.roles.actor.replicas"),
+            },
         ),
         (
             "!has(self.nodePools) || self.nodePools.all(p, self.nodePools.exists_one(q, q.name == p.name))",
@@ -1370,7 +1413,7 @@ class JobSpec:
                     "fieldPath": f".{where}.nodePool",
                     "messageExpression": f"'spec.{where}.nodePool must name an entry of spec.nodePools: \"' + "
                     f"self.{where}.nodePool + '\" is not one; valid: ' + (has(self.nodePools) && "
-                    "size(self.nodePools) > 0 ? self.nodePools.map(p, p.name).join(', ') : 'none defined')",
+                    "size(self.nodePools) > 0 ? " + cel_names("self.nodePools") + " : 'none defined')",
                 },
             )
             for where in _PLACED_PODS
@@ -1382,7 +1425,9 @@ class JobSpec:
             {
                 "fieldPath": ".training.miniBatchSize",
                 "messageExpression": "'spec.training.miniBatchSize must divide promptsPerStep × samplesPerPrompt = ' + "
-                "string(self.training.promptsPerStep * self.rollout.samplesPerPrompt) + ' responses (0: the whole batch)'",
+                + cel_int("self.training.promptsPerStep * self.rollout.samplesPerPrompt")
+                + " + ' responses (0: the whole batch); got ' + "
+                + cel_int("self.training.miniBatchSize"),
             },
         ),
         (
@@ -1401,8 +1446,11 @@ class JobSpec:
                 "fieldPath": ".rollout.tensorParallelSize",
                 "messageExpression": "'spec.rollout.tensorParallelSize must be <= the GPUs of the pod that runs the "
                 "engine (' + (self.roles.placement == 'disaggregated' ? 'spec.roles.rollout.resources.gpus = ' + "
-                "string(self.roles.rollout.resources.gpus) : 'spec.roles.actor.resources.gpus = ' + "
-                "string(self.roles.actor.resources.gpus)) + ')'",
+                + cel_int("self.roles.rollout.resources.gpus")
+                + " : 'spec.roles.actor.resources.gpus = ' + "
+                + cel_int("self.roles.actor.resources.gpus")
+                + ") + '); got ' + "
+                + cel_int("self.rollout.tensorParallelSize"),
             },
         ),
         (
@@ -1410,17 +1458,29 @@ class JobSpec:
             " || self.rollout.samplesPerPrompt >= 2",
             "spec.rollout.samplesPerPrompt must be >= 2 for a group-relative algorithm (grpo, rloo): "
             "a group of one has no baseline",
-            {"fieldPath": ".rollout.samplesPerPrompt"},
+            {
+                "fieldPath": ".rollout.samplesPerPrompt",
+                "messageExpression": "'spec.rollout.samplesPerPrompt must be >= 2 for a group-relative algorithm "
+                "(grpo, rloo): a group of one has no baseline; got ' + " + cel_int("self.rollout.samplesPerPrompt"),
+            },
         ),
         (
             "self.algorithm.name != 'online_dpo' || self.rollout.samplesPerPrompt == 2",
             "spec.rollout.samplesPerPrompt must be 2 for online_dpo (one pair per prompt)",
-            {"fieldPath": ".rollout.samplesPerPrompt"},
+            {
+                "fieldPath": ".rollout.samplesPerPrompt",
+                "messageExpression": "'spec.rollout.samplesPerPrompt must be 2 for online_dpo (one pair per prompt); "
+                "got ' + " + cel_int("self.rollout.samplesPerPrompt"),
+            },
         ),
         (
             "!(self.algorithm.name in ['ppo', 'dynamic_kl_ppo']) || self.roles.critic.replicas >= 1",
             "spec.roles.critic.replicas must be >= 1 for ppo and dynamic_kl_ppo (they train a critic)",
-            {"fieldPath": ".roles.critic.replicas"},
+            {
+                "fieldPath": ".roles.critic.replicas",
+                "messageExpression": "'spec.roles.critic.replicas must be >= 1 for ' + self.algorithm.name + "
+                "' (it trains a critic); got 0'",
+            },
         ),
         *[
             (
@@ -1442,7 +1502,9 @@ class JobSpec:
             {
                 "fieldPath": ".failurePolicy.maxBackoffSeconds",
                 "messageExpression": "'spec.failurePolicy.maxBackoffSeconds must be >= backoffSeconds (' + "
-                "string(self.failurePolicy.backoffSeconds) + ')'",
+                + cel_int("self.failurePolicy.backoffSeconds")
+                + " + '); got ' + "
+                + cel_int("self.failurePolicy.maxBackoffSeconds"),
             },
         ),
     ]
@@ -2097,11 +2159,6 @@ _PATTERN_MAX_LENGTH = {
     FIELD_PATH_RE: 320,
     IMPORT_PATH_RE: 512,
 }
-
-
-def _cel_string(text: str) -> str:
-    """`text` as a single-quoted CEL string literal."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _cel_rule(entry: tuple[Any, ...]) -> dict[str, Any]:
