@@ -106,18 +106,37 @@ def test_the_servers_messages_say_what_is_valid(cluster: Cluster, namespace: str
             "tgi",
             'spec.rollout.engine: Unsupported value: "tgi": supported values: "hf", "vllm"',
         ),
-        # A cross-field rule names the field (`fieldPath`) and the bounds it is held to.
+        # A cross-field rule names the field (`fieldPath`), the bounds it is held to and the value
+        # (integers written by `spec.cel_int`: the server refuses messages built with string(int)).
         (
             ("roles", "rollout", "replicas"),
             9,
-            "spec.roles.rollout.replicas: Invalid value: rollout.replicas must lie in [minReplicas, maxReplicas]",
+            "spec.roles.rollout.replicas: Invalid value: rollout.replicas must lie in [minReplicas, maxReplicas] "
+            "= [1, 4]; got 9",
+        ),
+        (
+            ("training", "miniBatchSize"),
+            100,
+            "spec.training.miniBatchSize must divide promptsPerStep × samplesPerPrompt = 512 responses "
+            "(0: the whole batch); got 100",
+        ),
+        # Checks once only in the Python loader, now rules of the CRD, naming the key.
+        (
+            ("pod", "labels"),
+            {"rlhf.dev/role": "x"},
+            'label key "rlhf.dev/role" is set by the operator',
+        ),
+        (
+            ("roles", "actor", "resources", "devices"),
+            {"nvidia.com/gpu": 8},
+            "nvidia.com/gpu is set by gpus",
         ),
     ]
     for keys, value, expected in cases:
         doc = base()
         obj = doc["spec"]
         for key in keys[:-1]:
-            obj = obj[key]
+            obj = obj.setdefault(key, {})
         obj[keys[-1]] = value
         res = _kubectl(
             cluster, namespace, "create", "--dry-run=server", "--validate=strict", "-f", "-", doc=doc

@@ -152,3 +152,24 @@ def test_invalid_child_fails_the_job_naming_the_object_and_the_server_message(
     warnings = [e for e in events(cluster, namespace, name) if e["reason"] == "ChildRejected"]
     assert len(warnings) == 1 and warnings[0]["type"] == "Warning"
     wait_for(lambda: api.pods(name) == [], timeout=60, what="the pods created before the refusal removed")
+
+
+def test_a_custom_algorithms_bad_params_fail_the_job_before_any_pod(
+    cluster: Cluster,
+    namespace: str,
+    operator: OperatorProcess,  # noqa: F811
+) -> None:
+    """The API server cannot see into a custom algorithm's free-form customParams (it accepts the
+    job); the operator checks them before it creates anything: Failed / InvalidSpec, no pod."""
+    api = Api(cluster, namespace)
+    name = "badcustom"
+    doc = grpo_job(name)
+    doc["spec"]["algorithm"] = {"name": "my_pkg.algos:MyAlgo", "customParams": {"my-coef": 0.5}}
+    api.apply(doc)
+    status = api.wait_phase(name, "Failed", timeout=60)
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidSpec", failed
+    assert "spec.algorithm.customParams.my-coef: 'my-coef' can never be a param" in failed["message"], failed
+    assert api.pods(name) == []
+    warnings = [e for e in events(cluster, namespace, name) if e["reason"] == "InvalidSpec"]
+    assert len(warnings) == 1 and warnings[0]["type"] == "Warning"

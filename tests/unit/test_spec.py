@@ -481,7 +481,8 @@ def test_every_pod_setting_parses_and_round_trips():
         ),
         (
             {"roles": {"reward": {"pod": {"annotations": {"x.rlhf.dev/a": "x"}}}}},
-            'spec.roles.reward.pod.annotations: Invalid value: "object": annotation key "x.rlhf.dev/a" ' + OWNED_KEY,
+            'spec.roles.reward.pod.annotations: Invalid value: "object": annotation key "x.rlhf.dev/a" '
+            + OWNED_KEY,
         ),
         (
             {"pod": {"labels": {"kueue.x-k8s.io/queue-name": "q"}}},

@@ -510,13 +510,10 @@ FIELD_PATHS = (
 )
 #: `domain/name` of an extended resource a device plugin advertises (`rdma/hca`, `vpc.amazonaws.com/efa`).
 EXTENDED_RESOURCE_RE = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-_LABEL_NAME_RE = r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
 _LABEL_VALUE_RE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 #: A label or annotation key: an optional DNS-subdomain prefix and '/', then a name (the lengths,
 #: at most 253 and 63, are a separate check).
-_METADATA_KEY_RE = (
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
-)
+_METADATA_KEY_RE = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
 
 #: Names of the volumes the operator adds itself.
 OPERATOR_VOLUMES = ("dshm", "tmp", "spec", "workspace")
@@ -1461,7 +1458,8 @@ class JobSpec:
             {
                 "fieldPath": ".rollout.samplesPerPrompt",
                 "messageExpression": "'spec.rollout.samplesPerPrompt must be >= 2 for a group-relative algorithm "
-                "(grpo, rloo): a group of one has no baseline; got ' + " + cel_int("self.rollout.samplesPerPrompt"),
+                "(grpo, rloo): a group of one has no baseline; got ' + "
+                + cel_int("self.rollout.samplesPerPrompt"),
             },
         ),
         (
