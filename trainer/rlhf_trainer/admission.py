@@ -201,6 +201,9 @@ def job_schema() -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 _ABSENT = object()
+#: Raise when a messageExpression cannot be evaluated here (tests set it): the server would show
+#: its text while `rlhf validate` fell back to the static message, so the two would differ.
+STRICT_MESSAGES = False
 
 
 def prune_nulls(schema: dict[str, Any], value: Any) -> Any:
@@ -432,7 +435,11 @@ def _rules(schema: dict[str, Any], value: Any, old: Any, path: str, errs: list[s
         if "messageExpression" in r:
             try:
                 message = str(eval_cel(r["messageExpression"], activation))
-            except Exception:  # noqa: BLE001 - the server falls back to `message`, then the rule
+            except Exception as err:  # noqa: BLE001 - the server falls back to `message`, then the rule
+                if STRICT_MESSAGES:
+                    raise RuntimeError(
+                        f"{where}: messageExpression failed: {err}: {r['messageExpression']}"
+                    ) from err
                 message = message or f"failed rule: {rule}"
         message = message or f"failed rule: {rule}"
         if not where:

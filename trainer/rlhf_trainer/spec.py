@@ -85,8 +85,9 @@ class SpecError(ValueError):
 def _f(default: Any = dataclasses.MISSING, doc: str = "", **meta: Any) -> Any:
     """A documented field. `meta` keys: enum, minimum, maximum, exclusive_minimum, pattern (with
     `valid`: the words an error shows instead of the regex), check (`check(value, path) -> errors`,
-    run when the value is well-typed), immutable (CEL `self == oldSelf` once the job exists),
-    cluster_only, free_form (no schema)."""
+    run when the value is well-typed), cel (the field's own CEL rules, `(rule, messageExpression)`),
+    max_length, value_max_length (of a map's values), immutable (CEL `self == oldSelf` once the job
+    exists), cluster_only, free_form (no schema)."""
     meta["doc"] = doc
     if isinstance(default, (list, dict)):
         value = default
@@ -499,6 +500,7 @@ DNS_SUBDOMAIN = (
 )
 ENV_NAME_RE = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 CONFIG_KEY_RE = r"^[-._a-zA-Z0-9]+$"
+CONFIG_KEY = "letters, digits, '-', '_' and '.', e.g. prompts.jsonl"
 FIELD_PATH_RE = (
     r"^(metadata\.(name|namespace|uid|labels\['[^']+'\]|annotations\['[^']+'\])"
     r"|spec\.(nodeName|serviceAccountName)|status\.(hostIP|hostIPs|podIP|podIPs))$"
@@ -547,6 +549,19 @@ def _one_of_cel(names: tuple[str, ...]) -> str:
     return " + ".join(f"(has(self.{camel(n)}) ? 1 : 0)" for n in names) + " == 1"
 
 
+def _one_of_rule(names: tuple[str, ...], what: str) -> tuple[str, str, dict[str, str]]:
+    """The rule `exactly one of names`, its message saying which are set (`got none`, `got a, b`)."""
+    valid = ", ".join(camel(n) for n in names)
+    given = " + ".join(f"(has(self.{camel(n)}) ? ' {camel(n)}' : '')" for n in names)
+    return (
+        _one_of_cel(names),
+        f"{what} needs exactly one of {valid}",
+        {
+            "messageExpression": f"'{what} needs exactly one of {valid}; got' + ({given} == '' ? ' none' : {given})"
+        },
+    )
+
+
 def _check_relative_path(value: str, path: str) -> list[str]:
     if _is_relative_path(value):
         return []
@@ -584,7 +599,11 @@ def cel_int(expr: str, digits: int = 7) -> str:
     d = "['0', '1', '2', '3', '4', '5', '6', '7', '8', '9']"
     parts = [f"({expr} >= {10**k} ? {d}[{expr} / {10**k} % 10] : '')" for k in range(digits - 1, 0, -1)]
     parts.append(f"{d}[{expr} % 10]")
-    return f"({expr} < 0 || {expr} >= {10**digits} ? 'out of range' : " + " + ".join(parts) + ")"
+    return (
+        f"({expr} < 0 ? 'a negative number' : {expr} >= {10**digits} ? 'a number of more than {digits} digits' : "
+        + " + ".join(parts)
+        + ")"
+    )
 
 
 def cel_names(items: str, key: str = "name", limit: int = 8) -> str:
@@ -659,7 +678,7 @@ def _metadata_key_cel(kind: str) -> list[tuple[str, str]]:
     ]
 
 
-_LABEL_VALUE_OK = f"self[k].size() <= 63 && self[k].matches({_cel_string(_LABEL_VALUE_RE)})"
+_LABEL_VALUE_OK = f"self[k].matches({_cel_string(_LABEL_VALUE_RE)})"  # (at most 63: the schema's maxLength)
 _LABELS_CEL = [
     *_metadata_key_cel("label"),
     (
@@ -690,7 +709,7 @@ _DEVICES_CEL = [
 class KeyToPathSpec:
     """One key of a ConfigMap or Secret, projected as a file (core/v1 KeyToPath)."""
 
-    key: str = _f(doc="Key in the ConfigMap or Secret.", pattern=CONFIG_KEY_RE)
+    key: str = _f(doc="Key in the ConfigMap or Secret.", pattern=CONFIG_KEY_RE, valid=CONFIG_KEY)
     path: str = _f(
         doc="File path relative to the mount path (no `..`).",
         check=_check_relative_path,
@@ -816,12 +835,7 @@ class VolumeSpec:
     )
     secret: SecretSourceSpec | None = _f(None, doc="A Secret's keys as files (credentials).")
 
-    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
-        (
-            _one_of_cel(_VOLUME_SOURCES),
-            "a volume needs exactly one of persistentVolumeClaim, hostPath, emptyDir, configMap, secret",
-        )
-    ]
+    CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [_one_of_rule(_VOLUME_SOURCES, "a volume")]
 
     def check(self, path: str) -> list[str]:
         return _exactly_one(self, path, _VOLUME_SOURCES)
@@ -842,7 +856,7 @@ class KeySelectorSpec:
     """One key of a Secret or a ConfigMap in the job's namespace (core/v1 SecretKeySelector, ConfigMapKeySelector)."""
 
     name: str = _f(doc="Name of the Secret or ConfigMap.", pattern=DNS_SUBDOMAIN_RE, valid=DNS_SUBDOMAIN)
-    key: str = _f(doc="The key whose value becomes the variable's.", pattern=CONFIG_KEY_RE)
+    key: str = _f(doc="The key whose value becomes the variable's.", pattern=CONFIG_KEY_RE, valid=CONFIG_KEY)
     optional: bool = _f(False, doc="Start the pod even if the object or the key does not exist.")
 
 
@@ -885,12 +899,7 @@ class EnvVarSourceSpec:
         None, doc="A request or limit of the container."
     )
 
-    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
-        (
-            _one_of_cel(_ENV_SOURCES),
-            "valueFrom needs exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef",
-        )
-    ]
+    CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [_one_of_rule(_ENV_SOURCES, "valueFrom")]
 
     def check(self, path: str) -> list[str]:
         return _exactly_one(self, path, _ENV_SOURCES)
@@ -915,9 +924,7 @@ class EnvVarSpec:
     )
     value_from: EnvVarSourceSpec | None = _f(None, doc="Take the value from a Secret, ConfigMap or the pod.")
 
-    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
-        ("has(self.value) != has(self.valueFrom)", "an env var needs exactly one of value, valueFrom")
-    ]
+    CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [_one_of_rule(("value", "value_from"), "an env var")]
 
     def check(self, path: str) -> list[str]:
         return _exactly_one(self, path, ("value", "value_from"))
@@ -940,6 +947,7 @@ class PodSettingsSpec:
         {},
         doc=f"Pod labels; keys in the {GROUP}/ namespace and the scheduling keys the operator sets are refused.",
         cel=_LABELS_CEL,
+        value_max_length=63,
     )
     annotations: dict[str, str] = _f(
         {},
@@ -1262,6 +1270,11 @@ class FailurePolicyRuleSpec:
         (
             "self.exitCodes.all(c, c >= 1 && c <= 255)",
             "failurePolicy.rules[].exitCodes: exit codes are 1 to 255",
+            {
+                "fieldPath": ".exitCodes",
+                "messageExpression": "'failurePolicy.rules[].exitCodes: exit codes are 1 to 255; got ' + "
+                + cel_int("self.exitCodes.filter(c, c < 1 || c > 255)[0]"),
+            },
         ),
     ]
 
@@ -2104,6 +2117,8 @@ def _schema_for(tp: Any, meta: dict[str, Any]) -> dict[str, Any]:
     elif origin is dict:
         _, vt = get_args(inner)
         out = {"type": "object", "additionalProperties": _schema_for(vt, {})}
+        if "value_max_length" in meta:  # bounds the API server's cost estimate of rules on the values
+            out["additionalProperties"]["maxLength"] = meta["value_max_length"]
     else:
         out = {
             bool: {"type": "boolean"},
@@ -2155,6 +2170,7 @@ _PATTERN_MAX_LENGTH = {
     QUANTITY_RE: 64,
     ENV_NAME_RE: 256,
     FIELD_PATH_RE: 320,
+    CONFIG_KEY_RE: 253,
     IMPORT_PATH_RE: 512,
 }
 
