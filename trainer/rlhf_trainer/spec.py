@@ -1262,7 +1262,7 @@ class FailurePolicyRuleSpec:
         check=_check_exit_codes,
     )
 
-    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
+    CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [
         (
             "size(self.exitCodes) == 0 || 'ContainerExitCode' in self.onReasons",
             "failurePolicy.rules[].exitCodes needs ContainerExitCode in onReasons",
