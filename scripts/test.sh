@@ -18,6 +18,8 @@ case " $* " in
 esac
 if [ "$need_cluster" = 1 ] && [ "${RLHF_SKIP_CLUSTER_BUILD:-0}" != 1 ]; then
   bash tests/cluster/build
+  # The API server's CRD validation as a command (tests/unit/test_crd_server_validation.py).
+  bash tests/cluster/build-crdcheck >/dev/null
 fi
 # The real node (tests marked realnode) runs runc, the CNI plugins and, for its images, buildah and
 # mmdebstrap from Debian's packages; installed here when missing and we are root (else those tests
