@@ -5,7 +5,9 @@
     batch   = score(ctx, batch)                      # reward
     batch   = reference_log_probs(ctx, batch, algo)  # reference   (algorithms with a KL term)
     batch   = critic_values(ctx, batch, algo)        # critic      (algorithms with a critic)
-    batch   = policy_log_probs(ctx, batch, algo)     # old log-probs (when the batch is reused)
+    batch   = drop_stale(ctx, batch)                 # staleness  (asynchronous rollouts: older than maxStaleness out)
+    batch   = policy_log_probs(ctx, batch, algo)     # old log-probs (when the batch is reused, or stale)
+    batch   = off_policy_weights(ctx, batch)         # importance weights (stale samples: prox / behaviour)
     batch   = greedy_baseline(ctx, batch, algo)      # baseline    (ReMax: greedy responses' rewards)
     batch   = compute_advantages(ctx, batch, algo)   # advantage
     batch   = update_policy(ctx, batch, algo)        # update
@@ -48,6 +50,7 @@ WORKER_KEYS = (
     "chosen",
     "pair_index",
     "branch_index",
+    "is_weights",
 )
 
 
@@ -67,22 +70,28 @@ def sample_prompts(ctx: TrainerContext) -> list[Any]:
 
 
 def generate(
-    ctx: TrainerContext, prompts: list[Any], n: int | None = None, greedy: bool = False
+    ctx: TrainerContext,
+    prompts: list[Any],
+    n: int | None = None,
+    greedy: bool = False,
+    step: int | None = None,
 ) -> StepBatch:
     """Sample `n` (default `samplesPerPrompt`) responses per prompt on the generators, prompts
-    split between them; `greedy`: temperature 0 (ReMax's baseline responses)."""
+    split between them; `greedy`: temperature 0 (ReMax's baseline responses). `step` (default
+    the running one) seeds the sampling: a rollout generated ahead passes the step it is for."""
     from rlhf_trainer.rollout import RolloutBatch, decode_responses
 
     n = ctx.spec.rollout.samples_per_prompt if n is None else n
+    step = ctx.step if step is None else step
     if ctx.fleet is not None:  # disaggregated: replicas lease prompts from the fleet's queue
         from rlhf_trainer.sync.leasing import rollout_tensors
 
-        rollout, version = rollout_tensors(*ctx.fleet.generate(prompts, n, ctx.step, greedy=greedy))
+        rollout, version = rollout_tensors(*ctx.fleet.generate(prompts, n, step, greedy=greedy))
     else:
         group = ctx.generators()
         chunks = _split(len(prompts), len(group))
         outputs = group.call_each(
-            "generate", [([prompts[i].ids for i in c], n, ctx.step, greedy) for c in chunks]
+            "generate", [([prompts[i].ids for i in c], n, step, greedy) for c in chunks]
         )
         versions = [out.pop("policy_version", None) for out in outputs]
         parts = [RolloutBatch.from_dict(out) for out in outputs]
@@ -225,6 +234,61 @@ def critic_values(ctx: TrainerContext, batch: StepBatch, algorithm: Any) -> Step
     return batch
 
 
+def drop_stale(ctx: TrainerContext, batch: StepBatch) -> StepBatch:
+    """Asynchronous rollouts: the samples whose generating policy is more than
+    `rollout.maxStaleness` versions behind the policy about to train are never trained on; they
+    are dropped and counted (`offpolicy/dropped`). When none is left the step's prompts are
+    generated again by the current weights. Metrics: `offpolicy/staleness_mean` and
+    `offpolicy/staleness_max` of the samples kept (asserted <= the bound), `rollout/policy_version_lag`."""
+    from rlhf_trainer.algorithms.off_policy import stale_rows, staleness
+
+    bound = ctx.spec.rollout.max_staleness
+    old = stale_rows(batch["policy_version"], ctx.policy_version, bound)  # (B,)
+    dropped = int(old.sum())
+    if dropped == len(batch) and dropped:
+        log.warning(
+            "step %d: all %d samples are more than %d policy versions old; generating them again",
+            ctx.step, dropped, bound,
+        )  # fmt: skip
+        prompts = sample_prompts_of(batch)
+        fresh = generate(ctx, prompts)
+        fresh.metrics = {**batch.metrics, **fresh.metrics}
+        batch = fresh
+    elif dropped:
+        batch = batch.select(~old)
+    lag = staleness(batch["policy_version"], ctx.policy_version).float()  # (B,)
+    if bool((lag > bound).any()):
+        raise AssertionError(f"step {ctx.step}: a sample {int(lag.max())} versions old survived maxStaleness {bound}")
+    batch.metrics["offpolicy/dropped"] = float(dropped)
+    batch.metrics["offpolicy/staleness_mean"] = float(lag.mean()) if len(lag) else 0.0
+    batch.metrics["offpolicy/staleness_max"] = float(lag.max()) if len(lag) else 0.0
+    batch.metrics["rollout/policy_version_lag"] = batch.metrics["offpolicy/staleness_mean"]
+    return batch
+
+
+def sample_prompts_of(batch: StepBatch) -> list[Any]:
+    """The distinct prompts of `batch` as `data.PromptItem`s (in `group_index` order)."""
+    from rlhf_trainer.data import PromptItem
+
+    items: dict[int, Any] = {}
+    for row, g in enumerate(batch["group_index"].tolist()):
+        if g not in items:
+            ids = batch["prompt_ids"][row][batch["prompt_mask"][row].bool()].tolist()
+            items[g] = PromptItem(
+                index=g,
+                text=batch.prompts[row],
+                ids=ids,
+                columns=dict(batch.columns[row]) if batch.columns else {},
+                messages=batch.messages[row] if batch.messages else None,
+            )
+    return [items[g] for g in sorted(items)]
+
+
+def is_stale(ctx: TrainerContext, batch: StepBatch) -> bool:
+    """Some sample of `batch` was generated by an older policy than the one about to train."""
+    return "policy_version" in batch and bool((batch["policy_version"] < ctx.policy_version).any())
+
+
 def policy_log_probs(ctx: TrainerContext, batch: StepBatch, algorithm: Any) -> StepBatch:
     """`old_log_probs` from the training policy, when they can differ from the log-probs the
     update computes or are needed before it.
@@ -234,14 +298,40 @@ def policy_log_probs(ctx: TrainerContext, batch: StepBatch, algorithm: Any) -> S
     penalty in the reward). Otherwise no weight changes between this pass and the update's one
     forward pass, so they are the update's own log-probs, detached (ratio exactly 1): the actor
     takes those (`ActorWorker.micro_loss`) and this forward pass is saved. The step's metrics say
-    which: `update/old_log_probs_skipped` 1.0 when saved, 0.0 when computed."""
+    which: `update/old_log_probs_skipped` 1.0 when saved, 0.0 when computed.
+
+    Never saved for a stale batch (asynchronous rollouts): its old log-probs are the proximal
+    policy's of the decoupled loss, and `off_policy_weights` compares them with the behaviour
+    policy's; a ratio of exactly 1 would silently drop the off-policy correction."""
     if "old_log_probs" in batch:
         return batch
-    if not old_log_probs_needed(ctx, len(batch), algorithm):
+    if not is_stale(ctx, batch) and not old_log_probs_needed(ctx, len(batch), algorithm):
         batch.metrics.setdefault("update/old_log_probs_skipped", 1.0)
         return batch
     batch["old_log_probs"] = _score_rows(ctx.actor, "compute_log_probs", batch) * batch["response_mask"]
     batch.metrics["update/old_log_probs_skipped"] = 0.0
+    return batch
+
+
+def off_policy_weights(ctx: TrainerContext, batch: StepBatch) -> StepBatch:
+    """`is_weights` (B, T) = min(pi_prox / pi_behav, importanceWeightCap) for a stale batch
+    (`algorithms.off_policy`): pi_prox the `old_log_probs` just computed, pi_behav the rollout
+    engine's log-probs of the sampled tokens (`rollout_log_probs`, the version that generated).
+    The actor multiplies the policy-gradient term by them. A batch of the current policy gets
+    none (today's on-policy loss, unchanged)."""
+    from rlhf_trainer.algorithms.off_policy import truncated_importance_weights
+
+    if "is_weights" in batch or "old_log_probs" not in batch or not is_stale(ctx, batch):
+        return batch
+    if "rollout_log_probs" not in batch:
+        raise RuntimeError("off_policy_weights: the stale batch has no rollout_log_probs (behaviour policy)")
+    mask = batch["response_mask"]
+    behaviour = batch["rollout_log_probs"].to(batch["old_log_probs"].dtype) * mask
+    weights, metrics = truncated_importance_weights(
+        batch["old_log_probs"], behaviour, mask, cap=ctx.spec.rollout.importance_weight_cap
+    )
+    batch["is_weights"] = weights
+    batch.metrics.update(metrics)
     return batch
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from rlhf_trainer.algorithms import off_policy
 from rlhf_trainer.workers import lora, modeling
 from rlhf_trainer.workers.training import TrainableWorker, UpdateBranch, branch_losses
 
@@ -366,7 +367,11 @@ class ActorWorker(TrainableWorker):
         Without `old_log_probs` in the batch (`phases.policy_log_probs` skipped that pass: the
         batch is trained once, in one optimizer step, so no weight changed since the rollout) the
         old log-probs are this pass's own, detached: the ratio is exactly 1, as the skipped pass
-        would have made it. The entropy is computed only for algorithms that read it."""
+        would have made it. The entropy is computed only for algorithms that read it.
+
+        With `is_weights` in the batch (a stale batch of asynchronous rollouts,
+        `phases.off_policy_weights`) each token's advantage is multiplied by its truncated
+        importance weight pi_prox / pi_behav: the decoupled PPO loss (`algorithms.off_policy`)."""
         with_entropy = any(getattr(a, "needs_entropy", True) for a in algos)
         log_probs, entropy = modeling.token_log_probs(
             self.model, micro, self.spec.rollout.temperature, with_entropy=with_entropy
@@ -378,6 +383,11 @@ class ActorWorker(TrainableWorker):
         def loss_of(algo: Any, rows: dict[str, Any]) -> dict[str, Any]:
             if rows.get("old_log_probs") is None:
                 rows = {**rows, "old_log_probs": rows["log_probs"].detach()}
+            weights = rows.get("is_weights")
+            if weights is not None:
+                rows = {k: v for k, v in rows.items() if k != "is_weights"}
+                if rows.get("advantages") is not None:
+                    rows["advantages"] = off_policy.weighted_advantages(rows["advantages"], weights)
             return algo.compute_loss(rows)  # type: ignore[no-any-return]
 
         return branch_losses(micro, branches, algos, loss_of, self.role)
