@@ -262,6 +262,8 @@ def drop_stale(ctx: TrainerContext, batch: StepBatch) -> StepBatch:
     batch.metrics["offpolicy/dropped"] = float(dropped)
     batch.metrics["offpolicy/staleness_mean"] = float(lag.mean()) if len(lag) else 0.0
     batch.metrics["offpolicy/staleness_max"] = float(lag.max()) if len(lag) else 0.0
+    if len(batch):
+        batch.metrics["offpolicy/behaviour_version_min"] = float(batch["policy_version"].min())
     batch.metrics["rollout/policy_version_lag"] = batch.metrics["offpolicy/staleness_mean"]
     return batch
 
