@@ -102,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--delays", default="0,0.05", help="seconds per prompt added to generation, comma-separated")
+    parser.add_argument(
+        "--delays", default="0,0.05", help="seconds per prompt added to generation, comma-separated"
+    )
     args = parser.parse_args(argv)
     if args.steps <= args.warmup:
         parser.error("--steps must exceed --warmup")

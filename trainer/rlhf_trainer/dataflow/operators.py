@@ -41,7 +41,11 @@ class RolloutOperator:
             out.metrics["data/skipped_prompts"] = float(getattr(ctx.dataset, "skipped", 0))
         else:
             metrics["timing/rollout"] = waited
-        if ahead is not None and ctx.spec.rollout.max_staleness > 0 and ctx.step + 1 < ctx.spec.training.steps:
+        if (
+            ahead is not None
+            and ctx.spec.rollout.max_staleness > 0
+            and ctx.step + 1 < ctx.spec.training.steps
+        ):
             with timed(metrics, "data"):
                 ahead.launch(ctx.step + 1)  # generated while this step trains
         out.metrics.update(metrics)

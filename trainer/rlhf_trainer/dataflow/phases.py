@@ -258,7 +258,9 @@ def drop_stale(ctx: TrainerContext, batch: StepBatch) -> StepBatch:
         batch = batch.select(~old)
     lag = staleness(batch["policy_version"], ctx.policy_version).float()  # (B,)
     if bool((lag > bound).any()):
-        raise AssertionError(f"step {ctx.step}: a sample {int(lag.max())} versions old survived maxStaleness {bound}")
+        raise AssertionError(
+            f"step {ctx.step}: a sample {int(lag.max())} versions old survived maxStaleness {bound}"
+        )
     batch.metrics["offpolicy/dropped"] = float(dropped)
     batch.metrics["offpolicy/staleness_mean"] = float(lag.mean()) if len(lag) else 0.0
     batch.metrics["offpolicy/staleness_max"] = float(lag.max()) if len(lag) else 0.0

@@ -25,6 +25,7 @@ Exact resume: a checkpoint is written after the settle, and holds the batch gene
 
 from __future__ import annotations
 
+import contextlib
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -127,10 +128,8 @@ class RolloutAhead:
     def shutdown(self) -> None:
         """Stop the thread; a rollout still in flight is waited for (its replicas are busy)."""
         if self.pending is not None:
-            try:
+            # The run is ending anyway; an error of this rollout was raised already or is moot.
+            with contextlib.suppress(Exception):
                 self.pending.result()
-            except Exception:  # the run is ending anyway; its own error was raised already
-                pass
             self.pending = None
         self.pool.shutdown(wait=True)
-
