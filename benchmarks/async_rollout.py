@@ -88,6 +88,11 @@ def measure(max_staleness: int, steps: int, warmup: int, delay: float) -> dict[s
 
     train = statistics.median(sum(r.get(f"timing/{p}", 0.0) for p in TRAIN_PHASES) for r in rows)
     step = statistics.median(walls)
+    phases = sorted({k for r in rows for k in r if k.startswith("timing/") and k != "timing/step"})
+    print(
+        f"  [maxStaleness {max_staleness}, delay {delay:g}] median phase seconds: "
+        + ", ".join(f"{k.removeprefix('timing/')} {median(k):.3f}" for k in phases)
+    )
     return {
         "step": step,
         "rollout": median("timing/rollout"),

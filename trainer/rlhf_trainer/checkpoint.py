@@ -17,6 +17,9 @@ pod)::
         trainer_state.json             step, policy version, data position, algorithm state
                                        (KL coefficient), Python/NumPy RNG states
         rng.safetensors                the controller's torch RNG state
+        controller_tensors.safetensors with asynchronous rollouts (`rollout.maxStaleness`): the
+                                       batch generated ahead for the next step (its texts in
+                                       trainer_state.json), so a resume trains the same samples
         PART
       COMPLETE                         written last of all, after the rename: step, parts, sizes
     .staging-step-000030-<token>/      a checkpoint being written (the same layout, no COMPLETE)

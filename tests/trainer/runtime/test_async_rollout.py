@@ -43,7 +43,9 @@ def test_one_step_off_policy_learns_within_the_staleness_bound(tiny_model, ray_s
     assert rows[0]["offpolicy/staleness_max"] == 0.0 and "offpolicy/is_weight_mean" not in rows[0]
     for r in rows[1:]:
         assert r["offpolicy/staleness_mean"] == 1.0, r
-        assert r["update/old_log_probs_skipped"] == 0.0
+        # One optimizer step per batch: the proximal log-probs are the update's own (no extra
+        # pass), the importance weight against the engine's log-probs corrects the loss.
+        assert r["update/old_log_probs_skipped"] == 1.0
         assert 0.0 < r["offpolicy/is_weight_mean"] <= 2.0
         assert r["rollout/ahead_seconds"] > 0.0
     rewards = [round(r["reward/mean"], 3) for r in rows]
@@ -70,13 +72,20 @@ COMPARED = (
 @pytest.mark.timeout(900)
 def test_resume_with_a_rollout_ahead_matches_the_uninterrupted_run(tiny_model, ray_session, tmp_path):
     """A run stopped after step 3 (checkpoint after step 2, holding step 2's batch generated
-    ahead by version 1) resumes at step 2 and reproduces the uninterrupted run's steps 2-5."""
+    ahead by version 1) resumes at step 2 and reproduces the uninterrupted run's steps 2-5.
+    Two mini-batches per step: the old (proximal) log-probs are a pass of their own here."""
     from rlhf_trainer.controller import run
 
     job = make_job(
         "async-resume",
         rollout={"samplesPerPrompt": 4, "maxNewTokens": 4, "maxStaleness": 1},
-        training={"steps": 6, "promptsPerStep": 4, "microBatchSize": 16, "learningRate": 1e-3},
+        training={
+            "steps": 6,
+            "promptsPerStep": 4,
+            "miniBatchSize": 8,
+            "microBatchSize": 8,
+            "learningRate": 1e-3,
+        },
         checkpoint={"every": 2, "keep": 3},
         roles=FLEET,
     )
@@ -95,6 +104,7 @@ def test_resume_with_a_rollout_ahead_matches_the_uninterrupted_run(tiny_model, r
     got = {r["step"]: r for r in read_metrics(tmp_path / "resumed")}
     assert sorted(got) == list(range(6))
     assert got[2]["offpolicy/staleness_max"] == 1.0  # the saved batch, not a fresh one
+    assert all(got[s]["update/old_log_probs_skipped"] == 0.0 for s in range(2, 6))
     for step in range(2, 6):
         for key in COMPARED:
             assert got[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-6), (step, key)

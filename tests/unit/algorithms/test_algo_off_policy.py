@@ -51,11 +51,16 @@ def _inputs(seed: int, b: int = 4, t: int = 6):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_untruncated_unclipped_decoupled_gradient_is_the_behaviour_ratio_gradient(seed):
+@pytest.mark.parametrize("old", ["recomputed", "skipped"])
+def test_untruncated_unclipped_decoupled_gradient_is_the_behaviour_ratio_gradient(seed, old):
     """w * pi_theta / pi_prox = pi_theta / pi_behav: with no clip active and no truncation, the
     decoupled loss (old = prox, advantages * w) has the gradient of the plain importance-sampled
-    surrogate -A * pi_theta / pi_behav — the ratio is against the behaviour policy."""
+    surrogate -A * pi_theta / pi_behav — the ratio is against the behaviour policy. `skipped`:
+    the proximal log-probs are the update's own, detached (issue 14's skipped pass, as the actor
+    takes them when the batch is trained in one optimizer step): still pi_theta / pi_behav."""
     log_probs, prox, behaviour, adv, mask = _inputs(seed)
+    if old == "skipped":
+        prox = log_probs.detach()
     wide = {"clip_ratio_low": 0.999, "clip_ratio_high": 1e6, "clip_ratio_c": None}
     w, _ = truncated_importance_weights(prox, behaviour, mask, cap=1e6)
     loss, _ = ppo_clip_loss(log_probs, prox, weighted_advantages(adv, w), mask, **wide)

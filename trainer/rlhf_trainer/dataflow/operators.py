@@ -103,7 +103,7 @@ class UpdateOperator:
 
     def prepare(self, batch: StepBatch) -> StepBatch:
         """Everything before the update: reference log-probs, critic values, old log-probs (and
-        the importance weights of a stale batch), the greedy baseline (ReMax) and the advantages (or pairs). `ConditionalUpdateOperator` prepares each branch with this,
+        the behaviour log-probs of a stale batch), the greedy baseline (ReMax) and the advantages (or pairs). `ConditionalUpdateOperator` prepares each branch with this,
         then trains all branches in one update."""
         ctx, algo, m = self.ctx, self.algorithm, batch.metrics
         with timed(m, "reference"):
@@ -112,7 +112,7 @@ class UpdateOperator:
             batch = phases.critic_values(ctx, batch, algo)
         with timed(m, "old_log_probs"):
             batch = phases.policy_log_probs(ctx, batch, algo)
-            batch = phases.off_policy_weights(ctx, batch)
+            batch = phases.behaviour_log_probs(ctx, batch)
         with timed(m, "baseline"):
             batch = phases.greedy_baseline(ctx, batch, algo)
         with timed(m, "advantage"):

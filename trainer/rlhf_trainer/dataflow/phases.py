@@ -6,8 +6,8 @@
     batch   = reference_log_probs(ctx, batch, algo)  # reference   (algorithms with a KL term)
     batch   = critic_values(ctx, batch, algo)        # critic      (algorithms with a critic)
     batch   = drop_stale(ctx, batch)                 # staleness  (asynchronous rollouts: older than maxStaleness out)
-    batch   = policy_log_probs(ctx, batch, algo)     # old log-probs (when the batch is reused, or stale)
-    batch   = off_policy_weights(ctx, batch)         # importance weights (stale samples: prox / behaviour)
+    batch   = policy_log_probs(ctx, batch, algo)     # old log-probs (when the batch is reused)
+    batch   = behaviour_log_probs(ctx, batch)        # stale samples: the engine's log-probs, for the IS weight
     batch   = greedy_baseline(ctx, batch, algo)      # baseline    (ReMax: greedy responses' rewards)
     batch   = compute_advantages(ctx, batch, algo)   # advantage
     batch   = update_policy(ctx, batch, algo)        # update
@@ -50,7 +50,7 @@ WORKER_KEYS = (
     "chosen",
     "pair_index",
     "branch_index",
-    "is_weights",
+    "behaviour_log_probs",
 )
 
 
@@ -304,12 +304,15 @@ def policy_log_probs(ctx: TrainerContext, batch: StepBatch, algorithm: Any) -> S
     takes those (`ActorWorker.micro_loss`) and this forward pass is saved. The step's metrics say
     which: `update/old_log_probs_skipped` 1.0 when saved, 0.0 when computed.
 
-    Never saved for a stale batch (asynchronous rollouts): its old log-probs are the proximal
-    policy's of the decoupled loss, and `off_policy_weights` compares them with the behaviour
-    policy's; a ratio of exactly 1 would silently drop the off-policy correction."""
+    A stale batch (asynchronous rollouts) follows the same rule: its old log-probs are the
+    proximal policy's of the decoupled loss (the current weights before the update), which the
+    update's own detached log-probs are when the batch is trained in one optimizer step; the
+    off-policy correction against the behaviour policy is the actor's importance weight
+    (`behaviour_log_probs`), computed from whichever old log-probs the loss uses.
+    """
     if "old_log_probs" in batch:
         return batch
-    if not is_stale(ctx, batch) and not old_log_probs_needed(ctx, len(batch), algorithm):
+    if not old_log_probs_needed(ctx, len(batch), algorithm):
         batch.metrics.setdefault("update/old_log_probs_skipped", 1.0)
         return batch
     batch["old_log_probs"] = _score_rows(ctx.actor, "compute_log_probs", batch) * batch["response_mask"]
@@ -317,25 +320,17 @@ def policy_log_probs(ctx: TrainerContext, batch: StepBatch, algorithm: Any) -> S
     return batch
 
 
-def off_policy_weights(ctx: TrainerContext, batch: StepBatch) -> StepBatch:
-    """`is_weights` (B, T) = min(pi_prox / pi_behav, importanceWeightCap) for a stale batch
-    (`algorithms.off_policy`): pi_prox the `old_log_probs` just computed, pi_behav the rollout
-    engine's log-probs of the sampled tokens (`rollout_log_probs`, the version that generated).
-    The actor multiplies the policy-gradient term by them. A batch of the current policy gets
-    none (today's on-policy loss, unchanged)."""
-    from rlhf_trainer.algorithms.off_policy import truncated_importance_weights
-
-    if "is_weights" in batch or "old_log_probs" not in batch or not is_stale(ctx, batch):
+def behaviour_log_probs(ctx: TrainerContext, batch: StepBatch) -> StepBatch:
+    """A stale batch (asynchronous rollouts): `behaviour_log_probs` (B, T), the rollout engine's
+    log-probs of the sampled tokens under the version that generated them (`rollout_log_probs`).
+    The actor weights each token's policy-gradient term by min(pi_prox / pi_behav,
+    `importanceWeightCap`) (`algorithms.off_policy`, `ActorWorker.micro_loss`). A batch of the
+    current policy gets none: today's on-policy loss, unchanged."""
+    if "behaviour_log_probs" in batch or not is_stale(ctx, batch):
         return batch
     if "rollout_log_probs" not in batch:
-        raise RuntimeError("off_policy_weights: the stale batch has no rollout_log_probs (behaviour policy)")
-    mask = batch["response_mask"]
-    behaviour = batch["rollout_log_probs"].to(batch["old_log_probs"].dtype) * mask
-    weights, metrics = truncated_importance_weights(
-        batch["old_log_probs"], behaviour, mask, cap=ctx.spec.rollout.importance_weight_cap
-    )
-    batch["is_weights"] = weights
-    batch.metrics.update(metrics)
+        raise RuntimeError("behaviour_log_probs: the stale batch has no rollout_log_probs (behaviour policy)")
+    batch["behaviour_log_probs"] = batch["rollout_log_probs"].float() * batch["response_mask"]
     return batch
 
 

@@ -369,9 +369,13 @@ class ActorWorker(TrainableWorker):
         old log-probs are this pass's own, detached: the ratio is exactly 1, as the skipped pass
         would have made it. The entropy is computed only for algorithms that read it.
 
-        With `is_weights` in the batch (a stale batch of asynchronous rollouts,
-        `phases.off_policy_weights`) each token's advantage is multiplied by its truncated
-        importance weight pi_prox / pi_behav: the decoupled PPO loss (`algorithms.off_policy`)."""
+        With `behaviour_log_probs` in the batch (a stale batch of asynchronous rollouts,
+        `phases.behaviour_log_probs`) each token's advantage is multiplied by its truncated
+        importance weight min(pi_old / pi_behav, `rollout.importanceWeightCap`), pi_old the old
+        log-probs the loss uses (the proximal policy): the decoupled PPO loss of
+        `algorithms.off_policy`, whose gradient is the one of pi_theta / pi_behav. With the old
+        log-probs this pass's own (skipped pass) that is exact too: the weights do not move
+        within the batch's one optimizer step."""
         with_entropy = any(getattr(a, "needs_entropy", True) for a in algos)
         log_probs, entropy = modeling.token_log_probs(
             self.model, micro, self.spec.rollout.temperature, with_entropy=with_entropy
@@ -383,11 +387,18 @@ class ActorWorker(TrainableWorker):
         def loss_of(algo: Any, rows: dict[str, Any]) -> dict[str, Any]:
             if rows.get("old_log_probs") is None:
                 rows = {**rows, "old_log_probs": rows["log_probs"].detach()}
-            weights = rows.get("is_weights")
-            if weights is not None:
-                rows = {k: v for k, v in rows.items() if k != "is_weights"}
-                if rows.get("advantages") is not None:
-                    rows["advantages"] = off_policy.weighted_advantages(rows["advantages"], weights)
-            return algo.compute_loss(rows)  # type: ignore[no-any-return]
+            behaviour = rows.get("behaviour_log_probs")
+            if behaviour is None:
+                return algo.compute_loss(rows)  # type: ignore[no-any-return]
+            rows = {k: v for k, v in rows.items() if k != "behaviour_log_probs"}
+            weights, corrected = off_policy.truncated_importance_weights(
+                rows["old_log_probs"],
+                behaviour,
+                rows["response_mask"],
+                cap=self.spec.rollout.importance_weight_cap,
+            )
+            if rows.get("advantages") is not None:
+                rows["advantages"] = off_policy.weighted_advantages(rows["advantages"], weights)
+            return {**algo.compute_loss(rows), **corrected}
 
         return branch_losses(micro, branches, algos, loss_of, self.role)
