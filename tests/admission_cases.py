@@ -128,6 +128,12 @@ CREATE_CASES: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
     ),
     ("TP above actor GPUs (colocated)", "impossible", _colocated_tp, "spec.rollout.tensorParallelSize"),
     (
+        "async rollouts colocated",
+        "impossible",
+        both(setp(f"{R}.placement", "colocated"), setp("spec.rollout.maxStaleness", 1)),
+        "spec.rollout.maxStaleness",
+    ),
+    (
         "vLLM rollout without GPUs",
         "impossible",
         setp(f"{R}.rollout.resources.gpus", 0),
@@ -217,6 +223,13 @@ CREATE_CASES: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
     ("unknown enum value", "types", setp("spec.rollout.engine", "tgi"), "spec.rollout.engine"),
     ("top-p above 1", "types", setp("spec.rollout.topP", 1.5), "spec.rollout.topP"),
     ("negative temperature", "types", setp("spec.rollout.temperature", -1.0), "spec.rollout.temperature"),
+    ("negative maxStaleness", "types", setp("spec.rollout.maxStaleness", -1), "spec.rollout.maxStaleness"),
+    (
+        "importanceWeightCap below 1",
+        "types",
+        setp("spec.rollout.importanceWeightCap", 0.5),
+        "spec.rollout.importanceWeightCap",
+    ),
     ("steps not an integer", "types", setp("spec.training.steps", "ten"), "spec.training.steps"),
     ("steps zero", "types", setp("spec.training.steps", 0), "spec.training.steps"),
     ("huge integer", "types", setp("spec.training.steps", 2**70), "spec.training.steps"),

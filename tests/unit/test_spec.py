@@ -136,6 +136,16 @@ def test_camel_case_keys_map_to_fields():
             {"output": {"trackers": {"tensorboard": "yes"}}},
             "spec.output.trackers.tensorboard: 'yes' is not true or false",
         ),
+        ({"rollout__maxStaleness": -1}, "spec.rollout.maxStaleness: -1 is below the minimum 0"),
+        ({"rollout__maxStaleness": "one"}, "spec.rollout.maxStaleness: 'one' is not"),
+        (
+            {"rollout__maxStaleness": 1, "roles__placement": "colocated"},
+            "spec.rollout.maxStaleness: 1 needs spec.roles.placement: disaggregated",
+        ),
+        (
+            {"rollout__importanceWeightCap": 0.5},
+            "spec.rollout.importanceWeightCap: 0.5 is below the minimum 1",
+        ),
         # As the API server: a null is dropped, so the required section is missing.
         ({"data": None}, "spec.data: required field is missing"),
     ],

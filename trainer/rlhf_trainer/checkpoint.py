@@ -17,6 +17,9 @@ pod)::
         trainer_state.json             step, policy version, data position, algorithm state
                                        (KL coefficient), Python/NumPy RNG states
         rng.safetensors                the controller's torch RNG state
+        controller_tensors.safetensors with asynchronous rollouts (`rollout.maxStaleness`): the
+                                       batch generated ahead for the next step (its texts in
+                                       trainer_state.json), so a resume trains the same samples
         PART
       COMPLETE                         written last of all, after the rename: step, parts, sizes
     .staging-step-000030-<token>/      a checkpoint being written (the same layout, no COMPLETE)
@@ -148,12 +151,15 @@ def save(
     trainer_state: dict[str, Any],
     write_workers: Callable[[Path], Mapping[str, PartInfo]],
     keep: int,
+    controller_tensors: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write checkpoint `step` (the number of completed steps); keep the newest `keep`.
 
     `write_workers(staging)` makes each trained role's rank 0 write its part into `staging` (the
     shared volume) with `write_part` and returns `{role: what its rank 0 returned}`; this
     function checks them, adds the controller's part and publishes the step directory.
+    `controller_tensors`: tensors the controller keeps with its state (the batch generated
+    ahead by asynchronous rollouts), read back with `load_controller_tensors`.
     """
     base = Path(root)
     base.mkdir(parents=True, exist_ok=True)
@@ -171,7 +177,7 @@ def save(
                     "spec.checkpoint.dir must be one volume mounted at the same path in every pod"
                 )
         reported[CONTROLLER] = write_part(
-            staging, CONTROLLER, lambda d: write_controller_state(d, step, trainer_state)
+            staging, CONTROLLER, lambda d: write_controller_state(d, step, trainer_state, controller_tensors)
         )
         final = publish(base, staging, step, reported)
     except BaseException:
@@ -318,8 +324,19 @@ def _spec_checkpoint_dir(run_dir: Path) -> list[Path]:
 # --------------------------------------------------------------------------------------------
 
 
-def write_controller_state(directory: Path, step: int, trainer_state: dict[str, Any]) -> None:
+#: The controller's tensors besides its RNG state (`save(controller_tensors=...)`).
+CONTROLLER_TENSORS = "controller_tensors.safetensors"
+
+
+def write_controller_state(
+    directory: Path,
+    step: int,
+    trainer_state: dict[str, Any],
+    tensors: Mapping[str, torch.Tensor] | None = None,
+) -> None:
     save_file({"torch_rng": torch.get_rng_state()}, directory / "rng.safetensors")
+    if tensors:
+        save_file(dict(tensors), directory / CONTROLLER_TENSORS)
     state = {
         **trainer_state,
         "step": step,
@@ -343,6 +360,12 @@ def load_state(path: str | Path) -> dict[str, Any]:
 
         np.random.set_state((np_state[0], np.array(np_state[1], dtype=np.uint32), *np_state[2:]))
     return state
+
+
+def load_controller_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors `save` kept with the controller's state of checkpoint `path` ({} when none)."""
+    file = part_dir(path, CONTROLLER) / CONTROLLER_TENSORS
+    return dict(load_file(file)) if file.is_file() else {}
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
     for step in range(start, steps):
         metrics = stream.step()                   # rollout -> reward -> filter -> reference/critic
                                                   #   -> advantage -> update   (dataflow.phases)
+        settle_rollout(ctx, metrics)              # async rollouts: the next step's, generated meanwhile
         elastic_rollout(ctx, metrics)             # step boundary: follow the fleet's owner, add/drain
         sync_weights(ctx)                         # weight sync
         evaluate_if_due(run, step + 1, metrics)   # evaluation (every eval.every steps, and the last)
@@ -130,6 +131,8 @@ def run(
             r.ctx.step = step
             # rollout -> reward -> filter -> reference/critic -> advantage -> update
             metrics = r.stream.step()
+            # asynchronous rollouts: wait for the next step's rollout (the fleet is needed below)
+            settle_rollout(r.ctx, metrics)
             # elastic rollout (step boundary): the fleet's target (local policy or operator), add/drain, rebuild
             elastic_rollout(r.ctx, metrics)
             # weight sync
@@ -147,6 +150,13 @@ def run(
         return summary
     finally:
         teardown(r)
+
+
+def settle_rollout(ctx: TrainerContext, metrics: dict[str, Any]) -> None:
+    """Asynchronous rollouts: wait for the rollout generated during the step (the boundary and
+    the weight sync need the replicas idle); the wait counts as the step's rollout time."""
+    if ctx.ahead is not None:
+        metrics["timing/rollout"] = metrics.get("timing/rollout", 0.0) + ctx.ahead.settle()
 
 
 def elastic_rollout(ctx: TrainerContext, metrics: dict[str, Any]) -> None:
@@ -238,7 +248,12 @@ def save_checkpoint(r: Run, done: int) -> Path:
         "data": ctx.dataset.state_dict(),
         "algorithm": ctx.algorithm.state_dict(),
     }
-    return checkpoint.save(r.checkpoint_dir, done, state, write_workers, ctx.spec.checkpoint.keep)
+    tensors: dict[str, Any] = {}
+    if ctx.ahead is not None:  # the next step's batch, generated ahead: part of an exact resume
+        state["rollout_ahead"], tensors = ctx.ahead.state()
+    return checkpoint.save(
+        r.checkpoint_dir, done, state, write_workers, ctx.spec.checkpoint.keep, controller_tensors=tensors
+    )
 
 
 def export_final(r: Run) -> Path | None:
@@ -395,6 +410,7 @@ def setup(
         membership = membership_source(spec, job_name, options)
         r.groups = start_workers(ctx, stream, membership)
         start_fleet(ctx, options, membership)
+        start_rollout_ahead(ctx)
         check_checkpoint_volume(r)
         r.start_step = maybe_resume(r, spec.checkpoint.resume if resume is None else resume)
         start_logging(r, on_status)
@@ -576,6 +592,21 @@ def start_fleet(
     )
 
 
+def start_rollout_ahead(ctx: TrainerContext) -> None:
+    """Asynchronous rollouts (`rollout.maxStaleness` > 0): the fleet generates the next step
+    while the actor trains (`dataflow.rollout_ahead`). Disaggregated placement only."""
+    if ctx.spec.rollout.max_staleness == 0:
+        return
+    if ctx.fleet is None:
+        raise RunError(
+            f"spec.rollout.maxStaleness: {ctx.spec.rollout.max_staleness} needs a rollout fleet "
+            "(spec.roles.placement: disaggregated); valid with colocated placement: 0"
+        )
+    from rlhf_trainer.dataflow.rollout_ahead import RolloutAhead
+
+    ctx.ahead = RolloutAhead(ctx)
+
+
 def maybe_resume(r: Run, resume: bool) -> int:
     """Restore the latest complete checkpoint; returns the first step to run."""
     found = checkpoint.latest(r.checkpoint_dir) if resume else None
@@ -597,6 +628,12 @@ def maybe_resume(r: Run, resume: bool) -> int:
     ctx.algorithm.load_state_dict(state["algorithm"])
     ctx.policy_version = int(state.get("policy_version", 0))
     sync_weights(ctx)
+    if state.get("rollout_ahead"):  # the batch generated ahead for the step we resume at
+        from rlhf_trainer.dataflow.rollout_ahead import RolloutAhead
+
+        if ctx.ahead is None:  # maxStaleness is 0 now: the batch is taken (and, too old, regenerated)
+            ctx.ahead = RolloutAhead(ctx)
+        ctx.ahead.restore(state["rollout_ahead"], checkpoint.load_controller_tensors(found))
     step = int(state["step"])
     truncate_logs(ctx.run_dir, step)
     log.info("resumed from %s at step %d", found, step)
@@ -698,6 +735,8 @@ def teardown(r: Run) -> None:
     for log_file in (r.logger, r.samples, r.trackers):
         if log_file is not None:
             log_file.close()
+    if r.ctx.ahead is not None:
+        r.ctx.ahead.shutdown()
     if r.ctx.fleet is not None:
         r.ctx.fleet.shutdown()
     for g in r.groups:

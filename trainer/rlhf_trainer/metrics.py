@@ -61,6 +61,11 @@ SERIES: dict[str, tuple[str, tuple[str, ...]]] = {
         ("eval/reward_mean",),
     ),
     "eval_step": ("Training steps done when the last evaluation ran.", ("eval/step",)),
+    "rollout_staleness": (
+        "Mean policy versions a trained sample's generating policy is behind the trained one "
+        "(asynchronous rollouts, spec.rollout.maxStaleness; 0 when synchronous).",
+        ("offpolicy/staleness_mean",),
+    ),
     "rollout_replicas": ("Rollout engines currently serving.", ("rollout/replicas",)),
     "queue_depth": ("Prompts queued for rollout.", ("rollout/queue_depth",)),
     "weight_sync_seconds": (

@@ -333,6 +333,22 @@ class RolloutSpec:
     gpu_memory_utilization: float = _f(
         0.5, doc="Fraction of GPU memory a vllm engine may use.", exclusive_minimum=0.0, maximum=1.0
     )
+    max_staleness: int = _f(
+        0,
+        doc="Asynchronous rollouts (disaggregated placement only): how many policy versions older than "
+        "the policy being trained a sample may be. 0: every step trains on samples of the current "
+        "policy (generate, then train). 1: one-step-off-policy, the fleet generates step k+1 while the "
+        "actor trains step k, and the loss corrects for the older behaviour policy with a truncated "
+        "importance weight (`importanceWeightCap`). Older samples are dropped (`offpolicy/dropped`).",
+        minimum=0,
+    )
+    importance_weight_cap: float = _f(
+        2.0,
+        doc="Asynchronous rollouts: the truncation C of the importance weight min(pi_old / pi_behaviour, C) "
+        "that corrects a stale sample's policy-gradient term (pi_behaviour: the rollout engine's "
+        "log-probs of the version that generated it).",
+        minimum=1.0,
+    )
 
 
 @dataclass
@@ -1464,6 +1480,17 @@ class JobSpec:
             },
         ),
         (
+            "self.rollout.maxStaleness == 0 || self.roles.placement == 'disaggregated'",
+            "spec.rollout.maxStaleness > 0 needs spec.roles.placement: disaggregated (colocated rollouts "
+            "share the actor's workers and cannot overlap training)",
+            {
+                "fieldPath": ".rollout.maxStaleness",
+                "messageExpression": "'spec.rollout.maxStaleness: ' + string(self.rollout.maxStaleness) + "
+                "' needs spec.roles.placement: disaggregated (colocated rollouts run in the actor workers and "
+                "cannot overlap training); valid with colocated: 0'",
+            },
+        ),
+        (
             "!(self.algorithm.name in ['grpo', 'rloo']) || has(self.algorithm.params.advantageEstimator)"
             " || self.rollout.samplesPerPrompt >= 2",
             "spec.rollout.samplesPerPrompt must be >= 2 for a group-relative algorithm (grpo, rloo): "
@@ -1571,6 +1598,12 @@ class JobSpec:
         ):
             errs.append(
                 "spec.rollout.engine: vllm needs GPUs; set spec.roles.rollout.resources.gpus >= 1 or use engine `hf`"
+            )
+        if self.rollout.max_staleness > 0 and self.roles.placement != "disaggregated":
+            errs.append(
+                f"spec.rollout.maxStaleness: {self.rollout.max_staleness} needs spec.roles.placement: "
+                "disaggregated (colocated rollouts share the actor's workers and cannot overlap training); "
+                "valid with colocated: 0"
             )
         if self.failure_policy.max_backoff_seconds < self.failure_policy.backoff_seconds:
             errs.append("spec.failurePolicy.maxBackoffSeconds: must be >= backoffSeconds")

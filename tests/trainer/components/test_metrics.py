@@ -83,6 +83,14 @@ def test_record_maps_flat_keys_to_series() -> None:
     assert "reward/scores" not in text  # lists are not series
 
 
+def test_staleness_of_asynchronous_rollouts_has_its_gauge() -> None:
+    m = StepMetrics(job="quickstart")
+    m.record(5, {**STEP, "offpolicy/staleness_mean": 1.0, "offpolicy/dropped": 2.0})
+    text = m.exposition().decode()
+    assert _value(text, "rlhf_rollout_staleness") == 1.0
+    assert _value(text, 'rlhf_metric{key="offpolicy/dropped"}') == 2.0
+
+
 def test_the_last_evaluation_stays_on_the_gauge_between_evaluations() -> None:
     m = StepMetrics(job="quickstart")
     m.record(9, {**STEP, "eval/reward_mean": 0.625, "eval/step": 10.0, "eval/greedy/reward_mean": 0.625})

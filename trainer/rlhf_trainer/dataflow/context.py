@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from rlhf_trainer.algorithms.base import Algorithm
     from rlhf_trainer.data import PromptDataset
+    from rlhf_trainer.dataflow.rollout_ahead import RolloutAhead
     from rlhf_trainer.sync.fleet import RolloutFleet
     from rlhf_trainer.workers.group import WorkerGroup
 
@@ -45,6 +46,9 @@ class TrainerContext:
     fleet: RolloutFleet | None = None
     """The elastic fleet over `rollout` (`sync.fleet`): prompt leases, the weight-sync group, and
     the source of membership changes (the local policy, or the operator on a cluster)."""
+    ahead: RolloutAhead | None = None
+    """Asynchronous rollouts (`rollout.maxStaleness` > 0, disaggregated): the rollout of the next
+    step, generated while this one trains (`dataflow.rollout_ahead`)."""
     step: int = 0
     policy_version: int = 0
     """Bumped by every policy update; rollout workers tag each sample with the version they ran."""

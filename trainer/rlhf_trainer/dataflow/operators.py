@@ -17,22 +17,39 @@ from rlhf_trainer.dataflow.context import TrainerContext, timed
 
 
 class RolloutOperator:
-    """Start of a step: the step's prompts, and `samplesPerPrompt` responses to each."""
+    """Start of a step: the step's prompts, and `samplesPerPrompt` responses to each.
+
+    With asynchronous rollouts (`ctx.ahead`, `rollout.maxStaleness` > 0) the batch is the one
+    generated during the previous step, and the next step's rollout starts here, before this
+    step's reward and update (`dataflow.rollout_ahead`); `timing/rollout` is then only the time
+    the step waited for it. Samples older than `maxStaleness` versions are dropped (`phases.drop_stale`)."""
 
     def __init__(self, ctx: TrainerContext):
         self.ctx = ctx
 
     def __call__(self, batch: StepBatch | None = None) -> StepBatch:
+        ctx, ahead = self.ctx, self.ctx.ahead
         metrics: dict[str, float] = {}
-        with timed(metrics, "data"):
-            prompts = phases.sample_prompts(self.ctx)
-        if not prompts:
-            raise RuntimeError("the prompt source yielded no prompts (every prompt skipped?)")
-        with timed(metrics, "rollout"):
-            out = phases.generate(self.ctx, prompts)
+        out, waited = ahead.take(ctx.step) if ahead is not None else (None, 0.0)
+        if out is None:
+            with timed(metrics, "data"):
+                prompts = phases.sample_prompts(ctx)
+            if not prompts:
+                raise RuntimeError("the prompt source yielded no prompts (every prompt skipped?)")
+            with timed(metrics, "rollout"):
+                out = phases.generate(ctx, prompts)
+            out.metrics["data/skipped_prompts"] = float(getattr(ctx.dataset, "skipped", 0))
+        else:
+            metrics["timing/rollout"] = waited
+        if (
+            ahead is not None
+            and ctx.spec.rollout.max_staleness > 0
+            and ctx.step + 1 < ctx.spec.training.steps
+        ):
+            with timed(metrics, "data"):
+                ahead.launch(ctx.step + 1)  # generated while this step trains
         out.metrics.update(metrics)
-        out.metrics["data/skipped_prompts"] = float(getattr(self.ctx.dataset, "skipped", 0))
-        return out
+        return phases.drop_stale(ctx, out)
 
 
 class RewardOperator:
@@ -85,8 +102,8 @@ class UpdateOperator:
         return batch
 
     def prepare(self, batch: StepBatch) -> StepBatch:
-        """Everything before the update: reference log-probs, critic values, old log-probs, the
-        greedy baseline (ReMax) and the advantages (or pairs). `ConditionalUpdateOperator` prepares each branch with this,
+        """Everything before the update: reference log-probs, critic values, old log-probs (and
+        the behaviour log-probs of a stale batch), the greedy baseline (ReMax) and the advantages (or pairs). `ConditionalUpdateOperator` prepares each branch with this,
         then trains all branches in one update."""
         ctx, algo, m = self.ctx, self.algorithm, batch.metrics
         with timed(m, "reference"):
@@ -95,6 +112,7 @@ class UpdateOperator:
             batch = phases.critic_values(ctx, batch, algo)
         with timed(m, "old_log_probs"):
             batch = phases.policy_log_probs(ctx, batch, algo)
+            batch = phases.behaviour_log_probs(ctx, batch)
         with timed(m, "baseline"):
             batch = phases.greedy_baseline(ctx, batch, algo)
         with timed(m, "advantage"):

@@ -5,7 +5,9 @@
     batch   = score(ctx, batch)                      # reward
     batch   = reference_log_probs(ctx, batch, algo)  # reference   (algorithms with a KL term)
     batch   = critic_values(ctx, batch, algo)        # critic      (algorithms with a critic)
+    batch   = drop_stale(ctx, batch)                 # staleness  (asynchronous rollouts: older than maxStaleness out)
     batch   = policy_log_probs(ctx, batch, algo)     # old log-probs (when the batch is reused)
+    batch   = behaviour_log_probs(ctx, batch)        # stale samples: the engine's log-probs, for the IS weight
     batch   = greedy_baseline(ctx, batch, algo)      # baseline    (ReMax: greedy responses' rewards)
     batch   = compute_advantages(ctx, batch, algo)   # advantage
     batch   = update_policy(ctx, batch, algo)        # update
@@ -48,6 +50,7 @@ WORKER_KEYS = (
     "chosen",
     "pair_index",
     "branch_index",
+    "behaviour_log_probs",
 )
 
 
@@ -67,22 +70,28 @@ def sample_prompts(ctx: TrainerContext) -> list[Any]:
 
 
 def generate(
-    ctx: TrainerContext, prompts: list[Any], n: int | None = None, greedy: bool = False
+    ctx: TrainerContext,
+    prompts: list[Any],
+    n: int | None = None,
+    greedy: bool = False,
+    step: int | None = None,
 ) -> StepBatch:
     """Sample `n` (default `samplesPerPrompt`) responses per prompt on the generators, prompts
-    split between them; `greedy`: temperature 0 (ReMax's baseline responses)."""
+    split between them; `greedy`: temperature 0 (ReMax's baseline responses). `step` (default
+    the running one) seeds the sampling: a rollout generated ahead passes the step it is for."""
     from rlhf_trainer.rollout import RolloutBatch, decode_responses
 
     n = ctx.spec.rollout.samples_per_prompt if n is None else n
+    step = ctx.step if step is None else step
     if ctx.fleet is not None:  # disaggregated: replicas lease prompts from the fleet's queue
         from rlhf_trainer.sync.leasing import rollout_tensors
 
-        rollout, version = rollout_tensors(*ctx.fleet.generate(prompts, n, ctx.step, greedy=greedy))
+        rollout, version = rollout_tensors(*ctx.fleet.generate(prompts, n, step, greedy=greedy))
     else:
         group = ctx.generators()
         chunks = _split(len(prompts), len(group))
         outputs = group.call_each(
-            "generate", [([prompts[i].ids for i in c], n, ctx.step, greedy) for c in chunks]
+            "generate", [([prompts[i].ids for i in c], n, step, greedy) for c in chunks]
         )
         versions = [out.pop("policy_version", None) for out in outputs]
         parts = [RolloutBatch.from_dict(out) for out in outputs]
@@ -225,6 +234,65 @@ def critic_values(ctx: TrainerContext, batch: StepBatch, algorithm: Any) -> Step
     return batch
 
 
+def drop_stale(ctx: TrainerContext, batch: StepBatch) -> StepBatch:
+    """Asynchronous rollouts: the samples whose generating policy is more than
+    `rollout.maxStaleness` versions behind the policy about to train are never trained on; they
+    are dropped and counted (`offpolicy/dropped`). When none is left the step's prompts are
+    generated again by the current weights. Metrics: `offpolicy/staleness_mean` and
+    `offpolicy/staleness_max` of the samples kept (asserted <= the bound), `rollout/policy_version_lag`."""
+    from rlhf_trainer.algorithms.off_policy import stale_rows, staleness
+
+    bound = ctx.spec.rollout.max_staleness
+    old = stale_rows(batch["policy_version"], ctx.policy_version, bound)  # (B,)
+    dropped = int(old.sum())
+    if dropped == len(batch) and dropped:
+        log.warning(
+            "step %d: all %d samples are more than %d policy versions old; generating them again",
+            ctx.step, dropped, bound,
+        )  # fmt: skip
+        prompts = sample_prompts_of(batch)
+        fresh = generate(ctx, prompts)
+        fresh.metrics = {**batch.metrics, **fresh.metrics}
+        batch = fresh
+    elif dropped:
+        batch = batch.select(~old)
+    lag = staleness(batch["policy_version"], ctx.policy_version).float()  # (B,)
+    if bool((lag > bound).any()):
+        raise AssertionError(
+            f"step {ctx.step}: a sample {int(lag.max())} versions old survived maxStaleness {bound}"
+        )
+    batch.metrics["offpolicy/dropped"] = float(dropped)
+    batch.metrics["offpolicy/staleness_mean"] = float(lag.mean()) if len(lag) else 0.0
+    batch.metrics["offpolicy/staleness_max"] = float(lag.max()) if len(lag) else 0.0
+    if len(batch):
+        batch.metrics["offpolicy/behaviour_version_min"] = float(batch["policy_version"].min())
+    batch.metrics["rollout/policy_version_lag"] = batch.metrics["offpolicy/staleness_mean"]
+    return batch
+
+
+def sample_prompts_of(batch: StepBatch) -> list[Any]:
+    """The distinct prompts of `batch` as `data.PromptItem`s (in `group_index` order)."""
+    from rlhf_trainer.data import PromptItem
+
+    items: dict[int, Any] = {}
+    for row, g in enumerate(batch["group_index"].tolist()):
+        if g not in items:
+            ids = batch["prompt_ids"][row][batch["prompt_mask"][row].bool()].tolist()
+            items[g] = PromptItem(
+                index=g,
+                text=batch.prompts[row],
+                ids=ids,
+                columns=dict(batch.columns[row]) if batch.columns else {},
+                messages=batch.messages[row] if batch.messages else None,
+            )
+    return [items[g] for g in sorted(items)]
+
+
+def is_stale(ctx: TrainerContext, batch: StepBatch) -> bool:
+    """Some sample of `batch` was generated by an older policy than the one about to train."""
+    return "policy_version" in batch and bool((batch["policy_version"] < ctx.policy_version).any())
+
+
 def policy_log_probs(ctx: TrainerContext, batch: StepBatch, algorithm: Any) -> StepBatch:
     """`old_log_probs` from the training policy, when they can differ from the log-probs the
     update computes or are needed before it.
@@ -234,7 +302,14 @@ def policy_log_probs(ctx: TrainerContext, batch: StepBatch, algorithm: Any) -> S
     penalty in the reward). Otherwise no weight changes between this pass and the update's one
     forward pass, so they are the update's own log-probs, detached (ratio exactly 1): the actor
     takes those (`ActorWorker.micro_loss`) and this forward pass is saved. The step's metrics say
-    which: `update/old_log_probs_skipped` 1.0 when saved, 0.0 when computed."""
+    which: `update/old_log_probs_skipped` 1.0 when saved, 0.0 when computed.
+
+    A stale batch (asynchronous rollouts) follows the same rule: its old log-probs are the
+    proximal policy's of the decoupled loss (the current weights before the update), which the
+    update's own detached log-probs are when the batch is trained in one optimizer step; the
+    off-policy correction against the behaviour policy is the actor's importance weight
+    (`behaviour_log_probs`), computed from whichever old log-probs the loss uses.
+    """
     if "old_log_probs" in batch:
         return batch
     if not old_log_probs_needed(ctx, len(batch), algorithm):
@@ -242,6 +317,20 @@ def policy_log_probs(ctx: TrainerContext, batch: StepBatch, algorithm: Any) -> S
         return batch
     batch["old_log_probs"] = _score_rows(ctx.actor, "compute_log_probs", batch) * batch["response_mask"]
     batch.metrics["update/old_log_probs_skipped"] = 0.0
+    return batch
+
+
+def behaviour_log_probs(ctx: TrainerContext, batch: StepBatch) -> StepBatch:
+    """A stale batch (asynchronous rollouts): `behaviour_log_probs` (B, T), the rollout engine's
+    log-probs of the sampled tokens under the version that generated them (`rollout_log_probs`).
+    The actor weights each token's policy-gradient term by min(pi_prox / pi_behav,
+    `importanceWeightCap`) (`algorithms.off_policy`, `ActorWorker.micro_loss`). A batch of the
+    current policy gets none: today's on-policy loss, unchanged."""
+    if "behaviour_log_probs" in batch or not is_stale(ctx, batch):
+        return batch
+    if "rollout_log_probs" not in batch:
+        raise RuntimeError("behaviour_log_probs: the stale batch has no rollout_log_probs (behaviour policy)")
+    batch["behaviour_log_probs"] = batch["rollout_log_probs"].float() * batch["response_mask"]
     return batch
 
 

@@ -150,6 +150,7 @@ class ConditionalUpdateOperator:
             with timed(batch.metrics, "old_log_probs"):
                 for u in updaters:
                     batch = phases.policy_log_probs(ctx, batch, u.algorithm)
+                batch = phases.behaviour_log_probs(ctx, batch)
         trained: list[tuple[str, Any, StepBatch]] = []
         for name, rows in (("true", mask), ("false", ~mask)):
             stream = self.branches[name]

@@ -36,6 +36,7 @@ The fleet never imports the workers: it drives Ray handles, and a `ReplicaLaunch
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -154,6 +155,9 @@ class RolloutFleet:
         """A member was forgotten since the group's last rebuild (it still counts it)."""
         self.version = 0
         """The policy version the members hold (the last one pushed)."""
+        self.lock = threading.RLock()
+        """One caller at a time: asynchronous rollouts generate on a background thread
+        (`dataflow.rollout_ahead`) while the controller's thread reaches the boundary and the sync."""
         self._warned_empty = False
 
     # -- start ----------------------------------------------------------------------------------
@@ -208,6 +212,12 @@ class RolloutFleet:
         member that dies has its leases requeued for the others and its slot refilled at the
         next boundary, or at once when it was the last one (`_refill`)."""
         delay = self.options.generation_delay(step) if self.options.generation_delay else 0.0
+        with self.lock:
+            return self._generate(prompts, n, step, delay, greedy)
+
+    def _generate(
+        self, prompts: list[Any], n: int, step: int, delay: float, greedy: bool
+    ) -> tuple[list[dict[str, Any]], list[list[int]]]:
         handles = {name: r.handle for name, r in self.members.items()}
         return self.leasing.generate(
             handles,
@@ -272,6 +282,10 @@ class RolloutFleet:
     def boundary(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """Ask the source for its target and change the fleet to match (see the module docstring).
         Returns `reshard/*` metrics when the membership changed."""
+        with self.lock:
+            return self._boundary(step, metrics)
+
+    def _boundary(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         metrics.update(self.step_metrics())  # the local policy's signal may be the fleet's own
         target = self.source.target(step, metrics)
         if target.generation != self.target.generation and self.target.generation:
@@ -372,6 +386,10 @@ class RolloutFleet:
         """Push the actor's weights to every member; members that die or stall are dropped (their
         prompts requeued) and replaced at the next boundary. Then leaving replicas are stopped,
         and the source hears that the fleet matches its target, when it does."""
+        with self.lock:
+            return self._sync(version, step)
+
+    def _sync(self, version: int, step: int) -> dict[str, float]:
         self.version = version
         if not self.members:  # every replica gone: the next rollout waits for a replacement
             self._stop_leaving()

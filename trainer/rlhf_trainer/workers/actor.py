@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from rlhf_trainer.algorithms import off_policy
 from rlhf_trainer.workers import lora, modeling
 from rlhf_trainer.workers.training import TrainableWorker, UpdateBranch, branch_losses
 
@@ -366,7 +367,15 @@ class ActorWorker(TrainableWorker):
         Without `old_log_probs` in the batch (`phases.policy_log_probs` skipped that pass: the
         batch is trained once, in one optimizer step, so no weight changed since the rollout) the
         old log-probs are this pass's own, detached: the ratio is exactly 1, as the skipped pass
-        would have made it. The entropy is computed only for algorithms that read it."""
+        would have made it. The entropy is computed only for algorithms that read it.
+
+        With `behaviour_log_probs` in the batch (a stale batch of asynchronous rollouts,
+        `phases.behaviour_log_probs`) each token's advantage is multiplied by its truncated
+        importance weight min(pi_old / pi_behav, `rollout.importanceWeightCap`), pi_old the old
+        log-probs the loss uses (the proximal policy): the decoupled PPO loss of
+        `algorithms.off_policy`, whose gradient is the one of pi_theta / pi_behav. With the old
+        log-probs this pass's own (skipped pass) that is exact too: the weights do not move
+        within the batch's one optimizer step."""
         with_entropy = any(getattr(a, "needs_entropy", True) for a in algos)
         log_probs, entropy = modeling.token_log_probs(
             self.model, micro, self.spec.rollout.temperature, with_entropy=with_entropy
@@ -378,6 +387,18 @@ class ActorWorker(TrainableWorker):
         def loss_of(algo: Any, rows: dict[str, Any]) -> dict[str, Any]:
             if rows.get("old_log_probs") is None:
                 rows = {**rows, "old_log_probs": rows["log_probs"].detach()}
-            return algo.compute_loss(rows)  # type: ignore[no-any-return]
+            behaviour = rows.get("behaviour_log_probs")
+            if behaviour is None:
+                return algo.compute_loss(rows)  # type: ignore[no-any-return]
+            rows = {k: v for k, v in rows.items() if k != "behaviour_log_probs"}
+            weights, corrected = off_policy.truncated_importance_weights(
+                rows["old_log_probs"],
+                behaviour,
+                rows["response_mask"],
+                cap=self.spec.rollout.importance_weight_cap,
+            )
+            if rows.get("advantages") is not None:
+                rows["advantages"] = off_policy.weighted_advantages(rows["advantages"], weights)
+            return {**algo.compute_loss(rows), **corrected}
 
         return branch_losses(micro, branches, algos, loss_of, self.role)
