@@ -369,7 +369,7 @@ class ActorWorker(TrainableWorker):
         would have made it. The entropy is computed only for algorithms that read it."""
         with_entropy = any(getattr(a, "needs_entropy", True) for a in algos)
         log_probs, entropy = modeling.token_log_probs(
-            self.model, micro, self.spec.rollout.temperature, with_entropy=with_entropy
+            self.model, micro, self.spec.rollout.temperature, with_entropy=with_entropy, layout=self.layout
         )
         micro = {**micro, "log_probs": log_probs}
         if entropy is not None:

@@ -38,7 +38,7 @@ class CriticWorker(TrainableWorker):
             return algo.compute_value_loss(micro)  # type: ignore[no-any-return]
 
         def loss_fn(micro: dict[str, Any]) -> dict[str, Any]:
-            values = modeling.token_values(self.model, micro)
+            values = modeling.token_values(self.model, micro, layout=self.layout)
             return branch_losses({**micro, "values": values}, branches, algos, loss_of, self.role)
 
         return self.train_batch(batch, step, loss_fn, branches=len(branches))
