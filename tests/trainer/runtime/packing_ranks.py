@@ -143,10 +143,16 @@ def critic_step(
     return metrics["critic/loss"], record["grads"][0]
 
 
-def build(role: str, spec: Any, rank: int = 0, world: int = 1) -> Any:
-    from rlhf_trainer.workers import ActorWorker, CriticWorker
+def score(worker: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scoring pass of the role (`old_log_probs`, `ref_log_probs` or `old_values`)."""
+    method = worker.compute_values if hasattr(worker, "compute_values") else worker.compute_log_probs
+    return method(batch)  # type: ignore[no-any-return]
 
-    cls = ActorWorker if role == "actor" else CriticWorker
+
+def build(role: str, spec: Any, rank: int = 0, world: int = 1) -> Any:
+    from rlhf_trainer.workers import ActorWorker, CriticWorker, ReferenceWorker
+
+    cls = {"actor": ActorWorker, "critic": CriticWorker, "reference": ReferenceWorker}[role]
     return cls(spec, rank=rank, world_size=world, device="cpu")
 
 
@@ -166,6 +172,7 @@ def _rank(rank: int, world: int, port: int, model: str, budget: int, data: str, 
             worker.init_group(("127.0.0.1", port))
         worker.setup()
         record[f"{role}/layout"] = worker.layout
+        record[f"{role}/scores"] = score(worker, batch)  # this rank's (rows, outputs)
         step = actor_step if role == "actor" else critic_step
         for mode in modes:
             record[(role, mode)] = step(worker, batch, mode)

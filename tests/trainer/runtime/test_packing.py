@@ -16,6 +16,7 @@ from .packing_ranks import (
     critic_step,
     make_model,
     run_ranks,
+    score,
     spec_for,
     uneven_batch,
 )
@@ -131,6 +132,25 @@ def test_actor_trimmed_layout_equals_the_padded_step(model_dir):
     _assert_same_step(actor_step(trimmed, batch, mode), actor_step(padded, batch, mode), atol=1e-10)
 
 
+@pytest.mark.parametrize("role", ["actor", "critic", "reference"])
+def test_scoring_by_token_budget_equals_the_padded_scores(model_dir, role):
+    """old_log_probs, old_values and ref_log_probs: the same, micro-batched by tokens and packed."""
+    batch = uneven_batch(VOCAB, PROMPT_LENS, RESPONSE_LENS, dtype=torch.float64)
+    valid = batch["response_mask"] > 0
+    outs = []
+    for budget in (None, 12):
+        worker = build(role, spec_for(model_dir, budget=budget, micro=3))
+        worker.setup()
+        if role == "critic":
+            torch.manual_seed(1)
+            torch.nn.init.normal_(worker.model.value_head.weight)
+        worker.model.double()
+        rows, values = score(worker, batch)
+        outs.append(torch.zeros_like(values).index_copy_(0, rows, values))
+    assert worker.layout == "packed"
+    torch.testing.assert_close(outs[1][valid], outs[0][valid], atol=1e-6, rtol=0)
+
+
 def test_two_gloo_ranks_by_token_budget_equal_one_padded_rank(model_dir, tmp_path):
     """FSDP2 over 2 gloo ranks with a token budget whose packing gives the ranks different micro-batch
     counts (rank 0: three long sequences over the budget; rank 1: two short ones and an empty,
@@ -140,6 +160,11 @@ def test_two_gloo_ranks_by_token_budget_equal_one_padded_rank(model_dir, tmp_pat
     modes = ["token-mean", "seq-mean-token-mean"]
     record = run_ranks(model_dir, 10, batch, modes, tmp_path)
     assert record["actor/layout"] == record["critic/layout"] == "packed"
+    one = build("actor", spec_for(model_dir, budget=None, micro=8))
+    one.setup()
+    rows, scores = record["actor/scores"]  # rank 0's rows
+    valid = batch["response_mask"][rows] > 0
+    torch.testing.assert_close(scores[valid], score(one, batch)[1][rows][valid], atol=1e-6, rtol=0)
     rank0, rank1 = record["micro_batches"]
     assert [len(m) for m in rank0] == [1, 1, 1] and sorted(len(m) for m in rank1) == [0, 1, 1]
     for role, step in (("actor", actor_step), ("critic", critic_step)):

@@ -304,7 +304,9 @@ class ActorWorker(TrainableWorker):
         """`old_log_probs` of this rank's share of the batch (see `Worker.forward_shard`)."""
         self.model.eval()
         temperature = self.spec.rollout.temperature
-        return self.forward_shard(batch, lambda b: modeling.token_log_probs(self.model, b, temperature)[0])
+        return self.forward_shard(
+            batch, lambda b: modeling.token_log_probs(self.model, b, temperature, layout=self.layout)[0]
+        )
 
     def compute_ref_log_probs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """LoRA: `ref_log_probs` of this rank's share, from the base model (adapters disabled),
@@ -317,7 +319,7 @@ class ActorWorker(TrainableWorker):
         temperature = self.spec.rollout.temperature
         with lora.reference_mode(self.model):
             return self.forward_shard(
-                batch, lambda b: modeling.token_log_probs(self.model, b, temperature)[0]
+                batch, lambda b: modeling.token_log_probs(self.model, b, temperature, layout=self.layout)[0]
             )
 
     # -- checkpoint: LoRA keeps merged weights for `rlhf export` and the adapter for resume -----

@@ -126,9 +126,6 @@ class TrainableWorker(Worker):
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
-    #: How training micro-batches run through the model (`modeling.forward_layout`): `padded`
-    #: unless `spec.training.maxTokensPerMicroBatch` is set, then `packed` or `trimmed`.
-    layout: str = "padded"
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError
