@@ -347,12 +347,12 @@ class TrainingSpec:
     )
     max_tokens_per_micro_batch: int | None = _f(
         None,
-        doc="Form the actor's and critic's training micro-batches by tokens instead of by "
-        "`microBatchSize`: each holds at most this many real (prompt + response) tokens, packed "
-        "longest first; a longer sequence gets a micro-batch of its own. Where the model supports it "
-        "(checked at start-up), a micro-batch's sequences run as one packed row with per-sequence "
-        "position ids and no padding; otherwise padded to the micro-batch's own longest sequence. "
-        "The step's loss and gradients are the same as unpacked. Unset: `microBatchSize` rows, padded.",
+        doc="Cut the micro-batches of the actor, critic and reference (training and scoring passes) by "
+        "tokens instead of by `microBatchSize`: each holds at most this many real (prompt + response) "
+        "tokens, packed longest first; a longer sequence gets a micro-batch of its own. Where the model "
+        "supports it (probed at start-up), a micro-batch runs as one packed row with per-sequence position "
+        "ids and no padding; otherwise padded to its own longest prompt and response. Loss and gradients "
+        "are those of the unpacked step. Unset: `microBatchSize` rows padded to the batch's longest.",
         minimum=1,
     )
     epochs_per_batch: int = _f(1, doc="Passes over each rollout batch (PPO epochs).", minimum=1)
