@@ -40,7 +40,7 @@ def make_model(path: Path, vocab: int = 40, hidden: int = 32, layers: int = 2) -
     return path
 
 
-def spec_for(model: Path, budget: int | None, micro: int = 3, mini: int = 0) -> Any:
+def spec_for(model: Path, budget: int | None, micro: int = 3, mini: int = 0, lora: bool = False) -> Any:
     from rlhf_trainer.spec import parse_spec
 
     training: dict[str, Any] = {
@@ -52,9 +52,12 @@ def spec_for(model: Path, budget: int | None, micro: int = 3, mini: int = 0) -> 
     }
     if budget is not None:
         training["maxTokensPerMicroBatch"] = budget
+    model_spec: dict[str, Any] = {"path": str(model)}
+    if lora:
+        model_spec["lora"] = {"rank": 4, "alpha": 8, "targetModules": ["all-linear"]}
     return parse_spec(
         {
-            "model": {"path": str(model)},
+            "model": model_spec,
             "data": {"path": "unused.jsonl"},
             "reward": {"functions": [{"path": "r:f"}]},
             "rollout": {"samplesPerPrompt": 4, "maxNewTokens": T},

@@ -121,6 +121,22 @@ def test_critic_step_by_token_budget_equals_the_padded_step_float64(model_dir, m
     _assert_same_step(critic_step(packed, batch, mode), critic_step(padded, batch, mode), atol=1e-10)
 
 
+def test_lora_actor_step_by_token_budget_equals_the_padded_step(model_dir):
+    """The peft-wrapped policy (no `logits_to_keep` in its signature: full logits, then indexed)."""
+    batch = uneven_batch(VOCAB, PROMPT_LENS, RESPONSE_LENS, dtype=torch.float64)
+    padded = build("actor", spec_for(model_dir, budget=None, micro=3, lora=True))
+    packed = build("actor", spec_for(model_dir, budget=12, lora=True))
+    padded.setup(), packed.setup()
+    assert packed.layout == "packed"
+    for w in (padded, packed):
+        for name, p in w.model.named_parameters():
+            if "lora_B" in name:  # B starts at 0: give the adapter a gradient through A as well
+                torch.nn.init.normal_(p, generator=torch.Generator().manual_seed(0))
+        _double(w)
+    mode = "seq-mean-token-mean"
+    _assert_same_step(actor_step(packed, batch, mode), actor_step(padded, batch, mode), atol=1e-10)
+
+
 def test_actor_trimmed_layout_equals_the_padded_step(model_dir):
     batch = uneven_batch(VOCAB, PROMPT_LENS, RESPONSE_LENS, dtype=torch.float64)
     padded = build("actor", spec_for(model_dir, budget=None, micro=3))
