@@ -57,7 +57,9 @@ def make_model(path: Path, size: str, max_len: int) -> Path:
     return path
 
 
-def long_tailed_batch(rows: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0) -> dict[str, Any]:
+def long_tailed_batch(
+    rows: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0
+) -> dict[str, Any]:
     """Prompts of prompt_len/4..prompt_len tokens (left-padded); responses mostly short (8..response_len/8),
     one in eight near `response_len` (right-padded)."""
     g = torch.Generator().manual_seed(seed)

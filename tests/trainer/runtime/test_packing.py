@@ -188,3 +188,25 @@ def test_two_gloo_ranks_by_token_budget_equal_one_padded_rank(model_dir, tmp_pat
             one = build(role, spec_for(model_dir, budget=None, micro=8))
             one.setup()
             _assert_same_step(record[(role, mode)], step(one, batch, mode), atol=1e-6)
+
+
+def test_a_ppo_job_with_a_token_budget_trains_as_the_padded_job(tiny_model, ray_session, tmp_path):
+    """End to end (Ray; actor, critic and reference): the first step of a PPO job with
+    `maxTokensPerMicroBatch` reports the losses of the same job without it (same rollouts)."""
+    from rlhf_trainer.controller import run
+
+    from .conftest import make_job, read_metrics
+
+    firsts = []
+    for name, training in (
+        ("padded", {"steps": 1, "microBatchSize": 3}),
+        ("packed", {"steps": 1, "maxTokensPerMicroBatch": 24}),
+    ):
+        job = make_job(
+            f"pack-{name}", algorithm={"name": "ppo", "params": {"klCoef": 0.05}}, training=training
+        )
+        run(job, run_dir=tmp_path / name, resume=False)
+        firsts.append(read_metrics(tmp_path / name)[0])
+    padded, packed = firsts
+    for key in ("actor/loss", "critic/loss", "actor/pg_loss", "critic/vf_loss"):
+        assert key in packed and packed[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-6), key
