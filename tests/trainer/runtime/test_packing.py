@@ -167,6 +167,8 @@ def test_scoring_by_token_budget_equals_the_padded_scores(model_dir, role):
     torch.testing.assert_close(outs[1][valid], outs[0][valid], atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_two_gloo_ranks_by_token_budget_equal_one_padded_rank(model_dir, tmp_path):
     """FSDP2 over 2 gloo ranks with a token budget whose packing gives the ranks different micro-batch
     counts (rank 0: three long sequences over the budget; rank 1: two short ones and an empty,
@@ -190,6 +192,8 @@ def test_two_gloo_ranks_by_token_budget_equal_one_padded_rank(model_dir, tmp_pat
             _assert_same_step(record[(role, mode)], step(one, batch, mode), atol=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_a_ppo_job_with_a_token_budget_trains_as_the_padded_job(tiny_model, ray_session, tmp_path):
     """End to end (Ray; actor, critic and reference): the first step of a PPO job with
     `maxTokensPerMicroBatch` reports the losses of the same job without it (same rollouts)."""
