@@ -122,6 +122,14 @@ def test_camel_case_keys_map_to_fields():
             "spec.training.miniBatchSize: 7 must divide the batch of 32 responses",
         ),
         (
+            {"training__maxTokensPerMicroBatch": 0},
+            "spec.training.maxTokensPerMicroBatch: 0 is below the minimum 1",
+        ),
+        (
+            {"training__maxTokensPerMicroBatch": 2.5},
+            "spec.training.maxTokensPerMicroBatch: 2.5 is not an integer",
+        ),
+        (
             {"eval": {"path": "e.jsonl", "greedy": False}},
             "spec.eval.samples: 0 with greedy: false evaluates nothing",
         ),
@@ -153,6 +161,12 @@ def test_camel_case_keys_map_to_fields():
 def test_bad_values_name_the_field_and_what_is_valid(overrides, expected):
     errs = errors_of(job(**overrides))
     assert any(expected in e for e in errs), errs
+
+
+def test_max_tokens_per_micro_batch_is_unset_by_default_and_parsed_when_given():
+    assert S.parse_job(job()).spec.training.max_tokens_per_micro_batch is None
+    doc = job(training__maxTokensPerMicroBatch=4096)
+    assert S.parse_job(doc).spec.training.max_tokens_per_micro_batch == 4096
 
 
 def test_missing_required_section_is_named():

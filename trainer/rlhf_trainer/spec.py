@@ -367,6 +367,16 @@ class TrainingSpec:
     micro_batch_size: int = _f(
         8, doc="Responses per forward/backward pass (gradient accumulation).", minimum=1
     )
+    max_tokens_per_micro_batch: int | None = _f(
+        None,
+        doc="Cut the micro-batches of the actor, critic and reference (training and scoring passes) by "
+        "tokens instead of by `microBatchSize`: each holds at most this many real (prompt + response) "
+        "tokens, packed longest first; a longer sequence gets a micro-batch of its own. Where the model "
+        "supports it (probed at start-up), a micro-batch runs as one packed row with per-sequence position "
+        "ids and no padding; otherwise padded to its own longest prompt and response. Loss and gradients "
+        "are those of the unpacked step. Unset: `microBatchSize` rows padded to the batch's longest.",
+        minimum=1,
+    )
     epochs_per_batch: int = _f(1, doc="Passes over each rollout batch (PPO epochs).", minimum=1)
     learning_rate: float = _f(1e-5, doc="Actor learning rate.", exclusive_minimum=0.0)
     critic_learning_rate: float = _f(1e-5, doc="Critic learning rate.", exclusive_minimum=0.0)

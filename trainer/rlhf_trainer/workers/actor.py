@@ -305,7 +305,9 @@ class ActorWorker(TrainableWorker):
         """`old_log_probs` of this rank's share of the batch (see `Worker.forward_shard`)."""
         self.model.eval()
         temperature = self.spec.rollout.temperature
-        return self.forward_shard(batch, lambda b: modeling.token_log_probs(self.model, b, temperature)[0])
+        return self.forward_shard(
+            batch, lambda b: modeling.token_log_probs(self.model, b, temperature, layout=self.layout)[0]
+        )
 
     def compute_ref_log_probs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """LoRA: `ref_log_probs` of this rank's share, from the base model (adapters disabled),
@@ -318,7 +320,7 @@ class ActorWorker(TrainableWorker):
         temperature = self.spec.rollout.temperature
         with lora.reference_mode(self.model):
             return self.forward_shard(
-                batch, lambda b: modeling.token_log_probs(self.model, b, temperature)[0]
+                batch, lambda b: modeling.token_log_probs(self.model, b, temperature, layout=self.layout)[0]
             )
 
     # -- checkpoint: LoRA keeps merged weights for `rlhf export` and the adapter for resume -----
@@ -378,7 +380,7 @@ class ActorWorker(TrainableWorker):
         within the batch's one optimizer step."""
         with_entropy = any(getattr(a, "needs_entropy", True) for a in algos)
         log_probs, entropy = modeling.token_log_probs(
-            self.model, micro, self.spec.rollout.temperature, with_entropy=with_entropy
+            self.model, micro, self.spec.rollout.temperature, with_entropy=with_entropy, layout=self.layout
         )
         micro = {**micro, "log_probs": log_probs}
         if entropy is not None:

@@ -24,6 +24,9 @@ class Worker:
     role = "worker"
     #: Ranks share one batch (a sharded role). Independent replicas score all rows they are given.
     shards_batches = True
+    #: How micro-batches run through the model (`modeling.forward_layout`): `padded` unless
+    #: `spec.training.maxTokensPerMicroBatch` is set, then `packed` or `trimmed`.
+    layout: str = "padded"
 
     def __init__(
         self,
@@ -71,16 +74,26 @@ class Worker:
 
         Every rank runs the same number of forward passes (FSDP all-gathers in each), so the
         controller calls all ranks with the same batch and stitches the outputs by `rows`.
+        Micro-batches hold `microBatchSize` rows, or with a `layout` other than `padded` at most
+        `maxTokensPerMicroBatch` tokens (an empty one runs a row of this rank, its output unused).
         """
         rank, world = (self.rank, self.world_size) if self.shards_batches else (0, 1)
         rows = torch.arange(batching.row_count(batch))
         my_units, total = batching.shard_for_rank(batch, rows, rank, world)
+        budget = self.spec.training.max_tokens_per_micro_batch
+        if budget is not None and self.layout != "padded":
+            micros = batching.token_micro_batches(batch, rows, rank, world, budget)
+        else:
+            micros = batching.micro_batches(my_units, total, world, self.spec.training.micro_batch_size)
         outs, done = [], []
-        for micro in batching.micro_batches(my_units, total, world, self.spec.training.micro_batch_size):
-            part = self.to_device(batching.select_rows(batch, micro))  # type: ignore[arg-type]
+        for micro in micros:
+            filler = micro.numel() == 0
+            part = self.to_device(batching.select_rows(batch, my_units[0] if filler else micro))  # type: ignore[arg-type]
             with self.compute():
-                outs.append(fn(part).float().cpu())  # type: ignore[arg-type]
-            done.append(micro)
+                out = fn(part).float().cpu()  # type: ignore[arg-type]
+            if not filler:
+                outs.append(out)
+                done.append(micro)
         width = max(o.shape[1] for o in outs)
         outs = [torch.nn.functional.pad(o, (0, width - o.shape[1])) for o in outs]
         return torch.cat(done), torch.cat(outs)

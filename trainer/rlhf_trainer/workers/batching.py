@@ -94,3 +94,71 @@ def micro_batches(
     count = max(1, min(math.ceil(largest / per_micro), smallest))
     pieces = torch.tensor_split(torch.arange(len(my_units)), count)
     return [torch.cat([my_units[i] for i in idx.tolist()]) for idx in pieces]
+
+
+# -- micro-batches by token budget (`spec.training.maxTokensPerMicroBatch`) ------------------------
+
+
+def row_tokens(batch: Mapping[str, Any]) -> Tensor:
+    """Real tokens of each row, (B,): prompt tokens plus response tokens (`response_mask > 0`)."""
+    return batch["prompt_mask"].gt(0).sum(-1) + batch["response_mask"].gt(0).sum(-1)  # (B,)
+
+
+def pack_by_tokens(lengths: list[int], budget: int) -> list[list[int]]:
+    """First-fit decreasing: indices of `lengths` grouped into bins of at most `budget` tokens,
+    longest first; an item longer than `budget` gets a bin of its own. Deterministic (ties by index)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        for b, left in enumerate(room):
+            if lengths[i] <= left:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(budget - lengths[i])
+    return bins
+
+
+def _split_to(bins: list[list[int]], lengths: list[int], count: int) -> list[list[int]]:
+    """Split the bins holding several items (the heaviest first) until there are `count` of them,
+    or no bin can be split: a split bin's halves each hold fewer tokens, so the budget still holds."""
+    bins = [list(b) for b in bins]
+    while len(bins) < count:
+        splittable = [b for b in range(len(bins)) if len(bins[b]) > 1]
+        if not splittable:
+            break
+        b = max(splittable, key=lambda k: (sum(lengths[i] for i in bins[k]), -k))
+        items = bins.pop(b)
+        bins[b:b] = [items[::2], items[1::2]]  # items are longest first: halves of similar weight
+    return bins
+
+
+def token_micro_batches(
+    batch: Mapping[str, Any], rows: Tensor, rank: int, world: int, budget: int
+) -> list[Tensor]:
+    """This rank's micro-batches of an optimizer step's `rows` by token budget.
+
+    Every rank shards `rows` as `shard_for_rank` does and packs its units (`pack_by_tokens`, a unit
+    weighing its rows' real tokens); all ranks compute every rank's packing, so they agree on the
+    count without a collective: the largest. A rank with fewer bins splits its fullest ones; one
+    that still has too few (fewer units than the count) gets empty micro-batches (`numel() == 0`),
+    which `TrainableWorker.train_batch` runs as a zero-weight pass for FSDP's collectives."""
+    tokens = row_tokens(select_rows(batch, rows))  # (R,), in the order of `rows`
+    by_row = {int(r): int(n) for r, n in zip(rows.tolist(), tokens.tolist())}
+    shards: list[list[Tensor]] = []
+    packs: list[list[list[int]]] = []
+    for r in range(world):
+        units, _ = shard_for_rank(batch, rows, r, world)  # type: ignore[arg-type]
+        lengths = [sum(by_row[int(i)] for i in u.tolist()) for u in units]
+        shards.append(units)
+        packs.append(pack_by_tokens(lengths, budget))
+    count = max(len(p) for p in packs)
+    units = shards[rank]
+    lengths = [sum(by_row[int(i)] for i in u.tolist()) for u in units]
+    bins = _split_to(packs[rank], lengths, count)
+    micros = [torch.cat([units[i] for i in b]) for b in bins]
+    empty = torch.zeros(0, dtype=rows.dtype)
+    return micros + [empty] * (count - len(micros))

@@ -28,7 +28,7 @@ class CriticWorker(TrainableWorker):
     def compute_values(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """`old_values` of this rank's share of the batch."""
         self.model.eval()
-        return self.forward_shard(batch, lambda b: modeling.token_values(self.model, b))
+        return self.forward_shard(batch, lambda b: modeling.token_values(self.model, b, layout=self.layout))
 
     def update(self, batch: dict[str, Tensor], step: int, branches: list[UpdateBranch]) -> dict[str, float]:
         """The value update of one training step (rows of the branches whose algorithm has a critic)."""
@@ -38,7 +38,7 @@ class CriticWorker(TrainableWorker):
             return algo.compute_value_loss(micro)  # type: ignore[no-any-return]
 
         def loss_fn(micro: dict[str, Any]) -> dict[str, Any]:
-            values = modeling.token_values(self.model, micro)
+            values = modeling.token_values(self.model, micro, layout=self.layout)
             return branch_losses({**micro, "values": values}, branches, algos, loss_of, self.role)
 
         return self.train_batch(batch, step, loss_fn, branches=len(branches))

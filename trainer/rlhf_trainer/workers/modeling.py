@@ -9,6 +9,7 @@ per-response-token quantities are read from positions `P - 1 .. P + T - 2`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import typing
 from pathlib import Path
@@ -62,8 +63,10 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.bias)
         self._no_split_modules = getattr(self.backbone, "_no_split_modules", None) or []
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor) -> Tensor:
+        out = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        )
         return self.value_head(out.last_hidden_state).squeeze(-1)  # (B, L)
 
 
@@ -79,7 +82,11 @@ def sequence_inputs(batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor, i
 
 
 def token_log_probs(
-    model: nn.Module, batch: dict[str, Tensor], temperature: float = 1.0, with_entropy: bool = False
+    model: nn.Module,
+    batch: dict[str, Tensor],
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    layout: str = "padded",
 ) -> tuple[Tensor, Tensor | None]:
     """Log-prob of every response token under `model`, and optionally the entropy, both (B, T).
 
@@ -87,16 +94,32 @@ def token_log_probs(
     Only the positions that predict response tokens reach the LM head (`response_logits`), the
     log-prob is `z_y - logsumexp(z)` (no (B, T, V) log-softmax kept for backward), and the
     entropy, when asked for, is the chunked `algorithms.entropy_from_logits`.
+
+    `layout` (see `forward_layout`): `padded` runs the (B, P+T) batch as given; `trimmed` cuts
+    the columns that are padding in every row first; `packed` runs the rows' real tokens as one
+    row (`pack_sequences`) and scores the valid response tokens only. Either way the results are
+    (B, T), the same at every valid response position; past them, 0 with `packed`, and with
+    `trimmed` past the longest response of the batch.
     """
     from rlhf_trainer.algorithms.entropy import entropy_from_logits
 
-    logits = response_logits(model, batch)  # (B, T, V) fp32
+    packed = pack_sequences(batch) if layout == "packed" and packable(batch) else None
+    width = batch["response_ids"].shape[1]
+    if packed is not None:
+        logits = packed_response_logits(model, packed)  # (n, V) fp32
+        targets = batch["response_ids"][packed.rows, packed.cols]  # (n,)
+    else:
+        view = trim_padding(batch)[0] if layout != "padded" else batch
+        logits = response_logits(model, view)  # (B, T', V) fp32
+        targets = view["response_ids"]  # (B, T')
     if temperature > 0:
         logits = logits / temperature
-    picked = logits.gather(-1, batch["response_ids"][..., None]).squeeze(-1)  # (B, T)
-    logp = picked - torch.logsumexp(logits, dim=-1)  # (B, T)
-    entropy = entropy_from_logits(logits) if with_entropy else None  # (B, T)
-    return logp, entropy
+    picked = logits.gather(-1, targets[..., None]).squeeze(-1)  # (n,) or (B, T')
+    logp = picked - torch.logsumexp(logits, dim=-1)  # (n,) or (B, T')
+    entropy = entropy_from_logits(logits) if with_entropy else None  # (n,) or (B, T')
+    if packed is not None:
+        return _unpack(logp, packed, batch), (None if entropy is None else _unpack(entropy, packed, batch))
+    return _pad_to(logp, width), (None if entropy is None else _pad_to(entropy, width))  # (B, T)
 
 
 def response_logits(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
@@ -112,8 +135,13 @@ def response_logits(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
     ).logits
     if logits.shape[1] == t + 1:  # (B, T+1, V): positions P-1 .. P+T-1
-        return logits[:, :t, :].float()  # (B, T, V)
-    return logits[:, p - 1 : p + t - 1, :].float()  # (B, T, V): position P+t-1 predicts token t
+        return _fp32(logits[:, :t, :])  # (B, T, V)
+    return _fp32(logits[:, p - 1 : p + t - 1, :])  # (B, T, V): position P+t-1 predicts token t
+
+
+def _fp32(x: Tensor) -> Tensor:
+    """At least fp32 (bf16/fp16 logits and values are upcast; fp64 stays fp64)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def _logits_to_keep_kwarg(model: nn.Module) -> str | None:
@@ -128,12 +156,165 @@ def _logits_to_keep_kwarg(model: nn.Module) -> str | None:
     return next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
 
 
-def token_values(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    """Critic value of the state before each response token, (B, T)."""
-    input_ids, attention_mask, position_ids, p = sequence_inputs(batch)
-    t = batch["response_ids"].shape[1]
+def token_values(model: nn.Module, batch: dict[str, Tensor], layout: str = "padded") -> Tensor:
+    """Critic value of the state before each response token, (B, T). `layout`: as in
+    `token_log_probs`."""
+    if layout == "packed" and packable(batch):
+        packed = pack_sequences(batch)
+        # (1, L); no attention mask: the model masks the packed sequences from their position ids
+        values = model(input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids)
+        return _unpack(_fp32(values[0, packed.source]), packed, batch)  # (B, T)
+    view, width = trim_padding(batch) if layout != "padded" else (batch, batch["response_ids"].shape[1])
+    input_ids, attention_mask, position_ids, p = sequence_inputs(view)
+    t = view["response_ids"].shape[1]
     values = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    return values[:, p - 1 : p + t - 1].float()  # (B, T)
+    return _pad_to(_fp32(values[:, p - 1 : p + t - 1]), width)  # (B, T)
+
+
+# -- padding removal (`spec.training.maxTokensPerMicroBatch`) ------------------------------------
+#
+# A micro-batch's rows run in one of three layouts (`forward_layout` picks one per model):
+#   padded   the (B, P+T) tensors as the rollout laid them out (P and T: the whole batch's longest)
+#   trimmed  the same, without the columns that are padding in every row of the micro-batch
+#   packed   every row's real tokens one after the other in a single (1, L) row, L = the real
+#            tokens of the micro-batch, with position ids restarting at 0 for each sequence and no
+#            attention mask: transformers then masks attention block-diagonally (its packed-sequence
+#            detection from position ids: sdpa and eager build the block mask, flash-attention runs
+#            varlen). Each sequence sees exactly what it sees padded: the same tokens, positions
+#            and causal context, so the results are the padded ones (to float rounding).
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedRows:
+    """A batch's real tokens packed into one row, and where its valid response tokens are."""
+
+    input_ids: Tensor
+    """(1, L) the rows' real tokens (prompt, then response), row after row."""
+    position_ids: Tensor
+    """(1, L) each token's position in its own sequence (0 at each sequence's first token)."""
+    source: Tensor
+    """(n,) the packed position predicting each valid response token (the token just before it)."""
+    rows: Tensor
+    """(n,) the batch row of each valid response token."""
+    cols: Tensor
+    """(n,) its response column."""
+
+
+def packable(batch: dict[str, Tensor]) -> bool:
+    """Whether packing reproduces the padded forward: every valid response token's predecessor is
+    a real token of its row (a left-padded prompt of at least one token, a response mask without
+    holes). The rollout's batches are; a batch with holes runs trimmed instead."""
+    real = torch.cat([batch["prompt_mask"].gt(0), batch["response_mask"].gt(0)], dim=1)  # (B, P+T)
+    p, t = batch["prompt_mask"].shape[1], batch["response_mask"].shape[1]
+    if p == 0:
+        return False
+    before = real[:, p - 1 : p + t - 1]  # (B, T): is the predecessor of response column t real?
+    return bool((before | ~batch["response_mask"].gt(0)).all())
+
+
+def pack_sequences(batch: dict[str, Tensor]) -> PackedRows:
+    """The batch's real tokens as one packed row (see `PackedRows`)."""
+    prompt = batch["prompt_mask"].gt(0)  # (B, P)
+    response = batch["response_mask"].gt(0)  # (B, T)
+    p = prompt.shape[1]
+    real = torch.cat([prompt, response], dim=1)  # (B, P+T)
+    ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], dim=1)  # (B, P+T)
+    positions = real.long().cumsum(-1) - 1  # (B, P+T): as `sequence_inputs` numbers real tokens
+    index = real.flatten().long().cumsum(0).view_as(real) - 1  # (B, P+T): packed index of each real token
+    rows, cols = response.nonzero(as_tuple=True)  # (n,) each, row-major
+    return PackedRows(
+        input_ids=ids[real][None],  # (1, L)
+        position_ids=positions[real][None],  # (1, L)
+        source=index[rows, p + cols] - 1,  # (n,)
+        rows=rows,
+        cols=cols,
+    )
+
+
+def packed_response_logits(model: nn.Module, packed: PackedRows) -> Tensor:
+    """The fp32 logits of the packed positions that predict the valid response tokens, (n, V); the LM
+    head runs on those positions alone where the forward takes `logits_to_keep` as indices."""
+    keep = _logits_to_keep_kwarg(model)
+    kwargs: dict[str, Any] = {keep: packed.source} if keep else {}
+    logits = model(
+        input_ids=packed.input_ids,
+        attention_mask=None,
+        position_ids=packed.position_ids,
+        use_cache=False,
+        **kwargs,
+    ).logits  # (1, n, V) or (1, L, V)
+    if keep:
+        return _fp32(logits[0])  # (n, V)
+    return _fp32(logits[0, packed.source])  # (n, V)
+
+
+def _unpack(values: Tensor, packed: PackedRows, batch: dict[str, Tensor]) -> Tensor:
+    """(n,) per valid response token -> (B, T), 0 elsewhere (differentiable)."""
+    b, t = batch["response_mask"].shape
+    return values.new_zeros(b, t).index_put((packed.rows, packed.cols), values)
+
+
+def trim_padding(batch: dict[str, Tensor]) -> tuple[dict[str, Tensor], int]:
+    """The batch without its all-padding columns: leading prompt columns and trailing response
+    columns that are padding in every row; and the original response width T."""
+    prompt = batch["prompt_mask"].gt(0).any(0)  # (P,)
+    response = batch["response_mask"].gt(0).any(0)  # (T,)
+    t = response.shape[0]
+    first = int(prompt.long().argmax()) if bool(prompt.any()) else prompt.shape[0] - 1
+    first = min(first, max(prompt.shape[0] - 1, 0))  # keep at least one prompt column
+    last = int(response.nonzero().max()) + 1 if bool(response.any()) else 1
+    view = dict(batch)
+    for key in ("prompt_ids", "prompt_mask"):
+        view[key] = batch[key][:, first:]
+    for key in ("response_ids", "response_mask"):
+        view[key] = batch[key][:, :last]
+    return view, t
+
+
+def _pad_to(values: Tensor, width: int) -> Tensor:
+    """(B, T') -> (B, width): zeros after column T'."""
+    if values.shape[1] == width:
+        return values
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
+
+
+def forward_layout(model: nn.Module, device: torch.device) -> str:
+    """`packed` where `model` masks packed sequences from their position ids alone, else `trimmed`.
+
+    A probe, run once (a collective under FSDP: every rank runs it): two sequences packed in one
+    row, then again with the first sequence's tokens changed. With block-diagonal attention the
+    second sequence's outputs do not move at all; with plain causal attention they do."""
+    vocab = next(m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding))
+    g = torch.Generator().manual_seed(0)
+    first = torch.randint(0, vocab, (2, 6), generator=g)  # two versions of the first sequence
+    second = torch.randint(0, vocab, (5,), generator=g)
+    positions = torch.cat([torch.arange(6), torch.arange(5)])[None].to(device)  # (1, 11)
+    was_training = model.training
+    model.eval()
+    outs: list[Tensor] = []
+    # The critic's head starts at zero (all values 0): watch its backbone's hidden states instead,
+    # through a hook (under FSDP2 only the root module's forward gathers the root's parameters).
+    hidden: list[Tensor] = []
+    hook = (
+        model.backbone.register_forward_hook(lambda m, a, out: hidden.append(out.last_hidden_state))
+        if isinstance(model, ValueModel)
+        else None
+    )
+    try:
+        with torch.no_grad():
+            for version in first:
+                ids = torch.cat([version, second])[None].to(device)  # (1, 11)
+                kwargs = {} if isinstance(model, ValueModel) else {"use_cache": False}
+                out = model(input_ids=ids, attention_mask=None, position_ids=positions, **kwargs)
+                out = hidden.pop() if hook is not None else out.logits
+                outs.append(out.float()[0])  # (11, H) or (11, V)
+    finally:
+        if hook is not None:
+            hook.remove()
+        model.train(was_training)
+    moved_first = float((outs[0][:6] - outs[1][:6]).abs().max())
+    moved_second = float((outs[0][6:] - outs[1][6:]).abs().max())
+    return "packed" if moved_first > 0 and moved_second <= 1e-3 * moved_first else "trimmed"
 
 
 #: Dtype of the trained roles' weights, gradients and optimizer state, whatever `spec.model.dtype`

@@ -20,7 +20,11 @@ class ReferenceWorker(Worker):
         self.model = modeling.load_policy(self.model_path, self.spec.model.dtype).to(self.device)
         self.model.eval()
         self.model.requires_grad_(False)
+        if self.spec.training.max_tokens_per_micro_batch is not None:
+            self.layout = modeling.forward_layout(self.model, self.device)
 
     def compute_log_probs(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         temperature = self.spec.rollout.temperature
-        return self.forward_shard(batch, lambda b: modeling.token_log_probs(self.model, b, temperature)[0])
+        return self.forward_shard(
+            batch, lambda b: modeling.token_log_probs(self.model, b, temperature, layout=self.layout)[0]
+        )

@@ -138,10 +138,14 @@ class TrainableWorker(Worker):
         if self.spec.training.activation_checkpointing:
             modeling.enable_activation_checkpointing(model)
         model = model.to(self.device)
+        t = self.spec.training
+        if t.max_tokens_per_micro_batch is not None:
+            # Before sharding: a no-grad forward of an FSDP2 root leaves its parameters swapped
+            # for the unsharded ones, which the optimizer built next would then hold.
+            self.layout = modeling.forward_layout(model, self.device)
         if self.world_size > 1:
             model = modeling.shard_model(model, self.spec.model.dtype)
         self.model = model
-        t = self.spec.training
         self.optimizer = modeling.build_optimizer(model, self.learning_rate(), t.weight_decay)
         self.scheduler = modeling.build_scheduler(
             self.optimizer, t.lr_schedule, t.warmup_steps, t.steps * self.optimizer_steps_per_batch()
@@ -179,15 +183,20 @@ class TrainableWorker(Worker):
             norms = step_normalizers(batch, rows, branches)
             sums: dict[str, float] = {}
             weights: dict[str, float] = {}
-            micros = list(batching.micro_batches(my_units, total_units, self.world_size, t.micro_batch_size))
+            micros = self.micro_batches(batch, rows, my_units, total_units)
             for i, micro in enumerate(micros):
-                part = self.to_device(batching.select_rows(batch, micro))  # type: ignore[arg-type]
+                # An empty micro-batch (token budget: this rank has fewer units than the others
+                # have micro-batches) runs one of its rows with weight 0, for FSDP's collectives.
+                filler = micro.numel() == 0
+                part = self.to_device(batching.select_rows(batch, my_units[0] if filler else micro))  # type: ignore[arg-type]
                 # FSDP2: accumulate unreduced gradients until the step's last micro-batch, which
                 # reduce-scatters the sum once (every rank runs the same number of micro-batches).
                 modeling.set_gradient_sync(self.model, i == len(micros) - 1)
                 with self.compute():
                     out = loss_fn({**part, **norms})
-                (out["loss"] * self.world_size).backward()
+                (out["loss"] * (0.0 if filler else self.world_size)).backward()
+                if filler:
+                    continue
                 tokens = float(part["response_mask"].sum())
                 own = out.get("metric_tokens", {})
                 sums["loss"] = sums.get("loss", 0.0) + float(out["loss"].detach())
@@ -204,6 +213,18 @@ class TrainableWorker(Worker):
                 totals[key] = totals.get(key, 0.0) + value / len(steps)
         totals[f"{self.role}/optimizer_steps"] = float(len(steps))
         return totals
+
+    def micro_batches(
+        self, batch: dict[str, Tensor], rows: Tensor, my_units: list[Tensor], total_units: int
+    ) -> list[Tensor]:
+        """This rank's micro-batches of an optimizer step: `microBatchSize` rows each, or by the
+        token budget `maxTokensPerMicroBatch` (`batching.token_micro_batches`)."""
+        t = self.spec.training
+        if t.max_tokens_per_micro_batch is None:
+            return list(batching.micro_batches(my_units, total_units, self.world_size, t.micro_batch_size))
+        return batching.token_micro_batches(
+            batch, rows, self.rank, self.world_size, t.max_tokens_per_micro_batch
+        )
 
     def clip_and_step(self) -> float:
         clip = self.spec.training.grad_clip
