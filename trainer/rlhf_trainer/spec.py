@@ -2086,10 +2086,12 @@ def parse_job(doc: dict[str, Any], old: dict[str, Any] | None = None) -> RLTrain
         spec = parse_spec(doc.get("spec"))  # type: ignore[arg-type]
     except SpecError as err:
         errs.extend(err.errors)
-    if not errs:
-        # The CRD's own schema and rules, evaluated as the API server does: whatever it refuses
-        # is refused here too, even where the checks above have nothing to say.
-        _, errs = admission.admit(doc, old)
+    # The CRD's own schema and rules, evaluated as the API server does: whatever it refuses is
+    # refused here too, even where the checks above have nothing to say. All at once: a field the
+    # checks above already named is not named twice.
+    _, server = admission.admit(doc, old)
+    named = {e.split(":", 1)[0].strip() for e in errs}
+    errs.extend(e for e in server if e.split(":", 1)[0].strip() not in named)
     if errs or spec is None:
         raise SpecError(errs)
     return RLTrainingJob(

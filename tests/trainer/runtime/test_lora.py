@@ -101,16 +101,31 @@ def test_merge_is_w_plus_scaled_b_at_a():
 def test_lora_spec_errors_name_the_field(tmp_path):
     from rlhf_trainer.spec import SpecError
 
+    from rlhf_trainer.spec import API_VERSION, KIND, parse_job
+
+    def job(lora: dict) -> dict:
+        spec = {
+            "model": {"path": str(tmp_path), "lora": lora},
+            "data": {"path": "unused.jsonl"},
+            "reward": {"functions": [{"path": "r:f"}]},
+            "algorithm": {"name": "grpo"},
+        }
+        return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "lora"}, "spec": spec}
+
+    # The dropout and targetModules bounds are the CRD's CEL rules: the whole job is admitted.
     with pytest.raises(SpecError) as err:
-        lora_spec(tmp_path, {"rank": 0, "dropout": 1.5, "targetModules": [], "alfa": 2})
+        parse_job(job({"rank": 0, "dropout": 1.5, "targetModules": []}))
     text = str(err.value)
     for needle in (
         "spec.model.lora.rank: 0",
-        "spec.model.lora.dropout: 1.5",
-        "spec.model.lora.targetModules: must not be empty",
-        "spec.model.lora.alfa: unknown field",
+        "spec.model.lora.dropout",
+        "1.5",
+        "spec.model.lora.targetModules",
     ):
         assert needle in text, text
+    # An unknown field stops the checks below its object, as the API server's structural check does.
+    with pytest.raises(SpecError, match="spec.model.lora.alfa: unknown field"):
+        parse_job(job({"rank": 4, "alfa": 2}))
 
 
 def test_a_lora_job_has_no_reference_pods_and_starts_no_reference_role(tmp_path):
