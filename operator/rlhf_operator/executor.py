@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_operator import autoscaler, children, failure_policy, kube, metrics, ownership, reconcile
+from rlhf_operator import autoscaler, children, failure_policy, kube, kueue, metrics, ownership, reconcile
 from rlhf_operator.status import FINISHED, rfc3339
 from rlhf_trainer.autoscale import MetricError, MetricSource
 from rlhf_trainer.spec import SpecError, parse_job
@@ -117,6 +117,17 @@ class Executor:
         old = reconcile.operator_status(body.get("status") or {})
         if old != reconcile.operator_status(plan.status):
             body = self.kube.patch_status(body, plan.status)  # Conflict: computed from a stale view; retry
+        for pod in plan.release:  # before the deletions: Kueue finishes the group once they stop
+            try:
+                self.kube.patch_metadata(pod, kueue.RELEASE_PATCH["metadata"])
+            except kube.Rejected as err:  # e.g. RBAC without pods/patch: quota held until deletion
+                log.warning(
+                    "%s/%s: Kueue group of pod %s not released: %s",
+                    namespace,
+                    name,
+                    pod["metadata"]["name"],
+                    err,
+                )
         for pod in plan.delete:
             self.kube.delete(pod)
             metrics.PODS_DELETED.inc()

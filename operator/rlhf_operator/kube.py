@@ -166,6 +166,21 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
+    def patch_metadata(self, obj: dict[str, Any], metadata: dict[str, Any]) -> None:
+        """Merge-patch `obj`'s labels or annotations, if it is still the same object (its UID in
+        the patch: a replaced object refuses it, 409 or 422); gone or replaced already is fine
+        (used on pods the job is done with). Other refusals (403: RBAC) raise `Rejected`."""
+        meta = obj["metadata"]
+        patch = {"metadata": {**metadata, **({"uid": meta["uid"]} if meta.get("uid") else {})}}
+        target = {"apiVersion": obj.get("apiVersion", "v1"), "kind": obj.get("kind", "Pod"), "metadata": meta}
+        try:
+            self.merge_patch(target, patch)
+        except (LookupError, Conflict):
+            return
+        except Rejected as err:
+            if err.code != 422:
+                raise
+
     def delete(self, obj: dict[str, Any]) -> None:
         """Delete `obj` if it is still the same object (uid precondition); gone already is fine."""
         meta = obj["metadata"]

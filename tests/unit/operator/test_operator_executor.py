@@ -68,6 +68,12 @@ class FakeKube:
         self.objects[key] = merge_patch(self.objects[key], patch)
         self.log.append(f"patch {obj['kind']} {obj['metadata']['name']}")
 
+    def patch_metadata(self, obj: dict[str, Any], metadata: dict[str, Any]) -> None:
+        key = (obj.get("kind", "Pod"), obj["metadata"]["name"])
+        if key in self.objects and self.objects[key]["metadata"]["uid"] == obj["metadata"].get("uid"):
+            self.objects[key] = merge_patch(self.objects[key], {"metadata": metadata})
+            self.log.append(f"annotate {key[0]} {key[1]}")
+
     def delete(self, obj: dict[str, Any]) -> None:
         if obj["kind"] == "RLTrainingJob":
             self.job = None
