@@ -11,12 +11,24 @@ import json
 import logging
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_operator import autoscaler, children, failure_policy, kube, kueue, metrics, ownership, reconcile
+from rlhf_operator import (
+    autoscaler,
+    cache,
+    children,
+    failure_policy,
+    kube,
+    kueue,
+    metrics,
+    ownership,
+    reconcile,
+)
 from rlhf_operator.status import FINISHED, rfc3339
 from rlhf_trainer.autoscale import MetricError, MetricSource
 from rlhf_trainer.spec import SpecError, parse_job
@@ -27,6 +39,70 @@ log = logging.getLogger("rlhf_operator")
 #: the middle of creating a job's children. Unset in production.
 _PAUSE_AFTER_CREATES = int(os.environ.get("RLHF_OPERATOR_PAUSE_AFTER_CREATES", "0"))
 _creates = 0
+
+
+#: Pod creations in flight at once, over all jobs (`rlhf operator` passes it to the Executor).
+CREATE_WORKERS = int(os.environ.get("RLHF_OPERATOR_CREATE_WORKERS", "8"))
+
+
+@dataclass
+class Creates:
+    """What `create_all` did: how many objects it created (False from `create`: already there,
+    not counted), and the first refusal in the objects' order, if any."""
+
+    created: int = 0
+    rejected: tuple[dict[str, Any], kube.Rejected] | None = None
+
+
+def create_all(
+    create: Callable[[dict[str, Any]], bool],
+    objs: list[dict[str, Any]],
+    pool: ThreadPoolExecutor | None = None,
+    on_created: Callable[[], None] = lambda: None,
+) -> Creates:
+    """Create `objs`, in their order, up to the pool's size at once (one at a time without a
+    pool). After a refusal (`kube.Rejected`) nothing more is started (the rest would most likely
+    be refused too; those in flight finish). The first refusal in `objs`' order is reported;
+    another error is raised once every started create has finished."""
+    stop = threading.Event()
+    out = Creates()
+
+    def one(obj: dict[str, Any]) -> bool | None:
+        if stop.is_set():
+            return None  # not attempted
+        try:
+            return create(obj)
+        except BaseException:  # a refusal, or an error that ends the pass
+            stop.set()
+            raise
+
+    if pool is None:
+        results: list[tuple[dict[str, Any], Any]] = []
+        for obj in objs:
+            try:
+                results.append((obj, one(obj)))
+            except kube.Rejected as err:
+                results.append((obj, err))
+                break
+    else:
+        futures: list[tuple[dict[str, Any], Future[bool | None]]] = [(o, pool.submit(one, o)) for o in objs]
+        results = []
+        for obj, fut in futures:
+            failure = fut.exception()  # waits: every started create finishes before we go on
+            results.append((obj, failure if failure is not None else fut.result()))
+    error: BaseException | None = None
+    for obj, res in results:
+        if isinstance(res, kube.Rejected):
+            if out.rejected is None:
+                out.rejected = (obj, res)
+        elif isinstance(res, BaseException):
+            error = error or res
+        elif res:
+            out.created += 1
+            on_created()
+    if error is not None and out.rejected is None:
+        raise error
+    return out
 
 
 @dataclass
@@ -54,6 +130,8 @@ class Executor:
         controller_metrics_url: str = autoscaler.DEFAULT_CONTROLLER_METRICS_URL,
         read: Callable[[MetricSource], tuple[float | None, str | None]] = read_signal,
         prometheus_url_prefixes: Sequence[str] = (),
+        pod_cache: cache.PodCache | None = None,
+        create_workers: int = 1,
     ) -> None:
         self.kube = client
         #: Template of the controller's /metrics URL for the autoscaler's direct scrape.
@@ -64,6 +142,14 @@ class Executor:
         # Static children already ensured, per job: (uid, digest of what was sent). A restarted
         # operator starts empty and ensures everything again (create-if-absent), so this is only a cache.
         self._ensured: dict[tuple[str, str], tuple[str, str]] = {}
+        #: The watch-fed pods of each job (None: list them on every pass).
+        self.pod_cache = pod_cache
+        #: Pods of a pass are created this many at once (shared by every job's passes).
+        self._create_pool = (
+            ThreadPoolExecutor(create_workers, thread_name_prefix="rlhf-create")
+            if create_workers > 1
+            else None
+        )
 
     def forget(self, namespace: str, name: str, uid: str | None = None) -> None:
         """Drop what is remembered of a job (None: whichever UID): its children cache and its
@@ -72,6 +158,8 @@ class Executor:
         key = (namespace, name)
         if uid is None or self._ensured.get(key, ("",))[0] == uid:
             self._ensured.pop(key, None)
+            if self.pod_cache is not None:
+                self.pod_cache.forget(namespace, name)
         metrics.forget_job(namespace, name, uid)
 
     def reconcile(
@@ -107,7 +195,7 @@ class Executor:
         body, autoscale_after, scaled = self._autoscale(body, now)
         if scaled:  # spec changed: the next pass (at once) reconciles the new count from a fresh read
             return Outcome(requeue_after=0.0, phase=(body.get("status") or {}).get("phase"))
-        pods = self.kube.list_pods(namespace, name)
+        pods = self._pods(namespace, name)
         plan = reconcile.plan(body, pods, now)
         if autoscale_after is not None:
             plan.requeue(autoscale_after)
@@ -131,17 +219,11 @@ class Executor:
         for pod in plan.delete:
             self.kube.delete(pod)
             metrics.PODS_DELETED.inc()
-        attempted = False
-        for pod in plan.create if rejection is None else []:
-            attempted = True
-            try:
-                created = self.kube.create(pod)
-            except kube.Rejected as err:  # reported below; the other pods would most likely fail too
-                rejection = _rejection(pod, err)
-                break
-            if created:
-                metrics.PODS_CREATED.inc()
-                _test_pause_hook()
+        attempted = bool(plan.create) and rejection is None
+        if attempted:
+            done = create_all(self.kube.create, plan.create, self._create_pool, _created)
+            if done.rejected is not None:  # reported below; the other pods would most likely fail too
+                rejection = _rejection(*done.rejected)
         if rejection is None and plan.blocked:
             rejection = plan.blocked[0]
         report = reconcile.report_children(plan.status, rejection, attempted, now)
@@ -164,6 +246,18 @@ class Executor:
             self.kube.delete(body)
             return Outcome(gone=True)
         return Outcome(requeue_after=plan.requeue_after, invalid=plan.invalid, phase=plan.status.get("phase"))
+
+    def _pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The job's pods: from the watch-fed cache, or a LIST that seeds it (first pass of the
+        job, then every `relist_seconds`)."""
+        if self.pod_cache is None:
+            return self.kube.list_pods(namespace, name)
+        cached = self.pod_cache.pods(namespace, name)
+        if cached is not None:
+            return cached
+        listed, version = self.kube.list_pods_versioned(namespace, name)
+        self.pod_cache.seed(namespace, name, listed, version)
+        return self.pod_cache.pods(namespace, name) or []
 
     def _autoscale(self, body: dict[str, Any], now: dt.datetime) -> tuple[dict[str, Any], float | None, bool]:
         """The autoscaler's I/O around `autoscaler` (pure): returns the job as last written, when
@@ -259,6 +353,11 @@ class Executor:
 def _rejection(obj: dict[str, Any], err: kube.Rejected) -> failure_policy.Rejection:
     log.warning("create of %s %s refused: %s", obj["kind"], obj["metadata"]["name"], err)
     return failure_policy.Rejection(obj["kind"], obj["metadata"]["name"], err.code, err.server_message)
+
+
+def _created() -> None:
+    metrics.PODS_CREATED.inc()
+    _test_pause_hook()
 
 
 def _test_pause_hook() -> None:

@@ -125,10 +125,14 @@ class Kube:
             return None
 
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return self.list_pods_versioned(namespace, job)[0]
+
+    def list_pods_versioned(self, namespace: str, job: str) -> tuple[list[dict[str, Any]], str | None]:
+        """The job's labelled pods and the list's resourceVersion (for `cache.PodCache.seed`)."""
         data = self._call(
             "GET", path("v1", "Pod", namespace), query=[("labelSelector", f"{labels.JOB_NAME}={job}")]
         )
-        return list(data.get("items") or [])
+        return list(data.get("items") or []), (data.get("metadata") or {}).get("resourceVersion")
 
     def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         """The stored object of `obj`'s kind, namespace and name, or None when there is none."""
