@@ -10,7 +10,7 @@ from typing import Any
 from operator_helpers import job, names, running, scheduled, unschedulable
 from test_operator_reconcile import pods_of, step
 
-from rlhf_operator import kueue
+from rlhf_operator import failure_policy, kueue
 from rlhf_operator.status import get_condition
 
 GANG = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0"]
@@ -217,3 +217,16 @@ def test_without_a_queue_nothing_is_gated_released_or_labelled() -> None:
     body["spec"]["suspend"] = True
     plan, _ = step(body, [running(p) for p in pods_of(body)], t=3)
     assert plan.release == [] and cond(body, "Queued") is None
+
+
+def test_a_rollout_pod_kueue_stopped_is_a_preemption_replaced_alone() -> None:
+    body, pods = running_queued_job()
+    hit = [stopped(p) if p["metadata"]["name"] == "j-rollout-0" else p for p in pods]
+    f = failure_policy.pod_failure(next(p for p in hit if p["metadata"]["name"] == "j-rollout-0"))
+    assert f is not None and (f.reason, f.cause) == ("StoppedByKueue", "Preempted")
+    plan, body = step(body, hit, t=30)
+    assert body["status"]["phase"] == "Running" and body["status"]["restarts"] == 0
+    assert plan.release == []  # a single pod's Workload ends when the pod does
+    plan, body = step(body, [p for p in hit if p["metadata"]["name"] != "j-rollout-0"], t=31)
+    assert names(plan.create) == ["j-rollout-0"]
+    assert body["status"]["phase"] == "Running" and body["status"]["restarts"] == 0
