@@ -23,6 +23,7 @@ from rlhf_operator import (
     cache,
     children,
     failure_policy,
+    jobs,
     kube,
     kueue,
     metrics,
@@ -31,7 +32,7 @@ from rlhf_operator import (
 )
 from rlhf_operator.status import FINISHED, rfc3339
 from rlhf_trainer.autoscale import MetricError, MetricSource
-from rlhf_trainer.spec import SpecError, parse_job
+from rlhf_trainer.spec import SpecError
 
 log = logging.getLogger("rlhf_operator")
 
@@ -141,7 +142,7 @@ class Executor:
         self._read = read
         # Static children already ensured, per job: (uid, digest of what was sent). A restarted
         # operator starts empty and ensures everything again (create-if-absent), so this is only a cache.
-        self._ensured: dict[tuple[str, str], tuple[str, str]] = {}
+        self._ensured: dict[tuple[str, str], tuple[str, str, str]] = {}
         #: The watch-fed pods of each job (None: list them on every pass).
         self.pod_cache = pod_cache
         #: Pods of a pass are created this many at once (shared by every job's passes).
@@ -201,7 +202,7 @@ class Executor:
             plan.requeue(autoscale_after)
         rejection: failure_policy.Rejection | None = None
         if plan.job is not None and not plan.invalid and plan.status.get("phase") not in FINISHED:
-            rejection = self._ensure_static(plan.job)
+            rejection = self._ensure_static(plan.job, jobs.digest(body))
         old = reconcile.operator_status(body.get("status") or {})
         if old != reconcile.operator_status(plan.status):
             body = self.kube.patch_status(body, plan.status)  # Conflict: computed from a stale view; retry
@@ -264,7 +265,7 @@ class Executor:
         to look again (None: autoscaling is off) and whether `/scale` was written."""
         status = body.get("status") or {}
         try:
-            job = parse_job({k: v for k, v in body.items() if k != "status"})
+            job = jobs.parse(body)
         except SpecError:
             return body, None, False  # reconcile.plan reports it
         if not autoscaler.enabled(job, status.get("phase")):
@@ -310,15 +311,24 @@ class Executor:
                 "event %s for %s/%s not posted: %s", reason, meta.get("namespace"), meta.get("name"), err
             )
 
-    def _ensure_static(self, job: Any) -> failure_policy.Rejection | None:
+    def _ensure_static(self, job: Any, source: str) -> failure_policy.Rejection | None:
         """Create-if-absent the job's static children; the first one the API server refuses, or
         whose name is held by an object this job does not own (then the pods, which need them,
-        are not created this pass: a foreign ServiceAccount's token or Secret is never used)."""
+        are not created this pass: a foreign ServiceAccount's token or Secret is never used).
+
+        `source` is the digest of the job the children are built from (`jobs.digest`): while it
+        is the one last ensured, nothing is built (building the ConfigMap's YAML costs more than
+        the rest of a pass); when it moved, the children are built and compared with those last
+        ensured."""
         key = (job.namespace, job.metadata_name)
         uid = job.raw["metadata"].get("uid", "")
+        last = self._ensured.get(key)
+        if last is not None and last[:2] == (uid, source):
+            return None
         wanted = children.build_static_children(job, token="")
         digest = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()
-        if self._ensured.get(key) == (uid, digest):
+        if last is not None and last[0] == uid and last[2] == digest:
+            self._ensured[key] = (uid, source, digest)
             return None
         token = secrets.token_urlsafe(32)
         for obj in children.build_static_children(job, token=token):
@@ -346,7 +356,7 @@ class Executor:
                 return ownership.not_owned(existing, uid)
             if obj["kind"] == "ConfigMap":
                 self.kube.merge_patch(obj, {"data": obj["data"]})
-        self._ensured[key] = (uid, digest)
+        self._ensured[key] = (uid, source, digest)
         return None
 
 

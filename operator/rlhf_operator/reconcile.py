@@ -36,6 +36,7 @@ from rlhf_operator import (
     children,
     failure_policy,
     gang,
+    jobs,
     kueue,
     labels,
     ownership,
@@ -64,7 +65,7 @@ from rlhf_operator.status import (
     summary,
 )
 from rlhf_trainer import contract
-from rlhf_trainer.spec import JobSpec, RLTrainingJob, SpecError, parse_job
+from rlhf_trainer.spec import JobSpec, RLTrainingJob, SpecError
 
 #: The status keys the operator owns (progress and rollout.syncedGeneration belong to the controller pod).
 OPERATOR_KEYS = (
@@ -334,7 +335,7 @@ DONE, NEXT = True, False
 def parse_spec(p: Pass) -> bool:
     """An invalid spec fails the job (`InvalidSpec`, every problem named); the handler then stops."""
     try:
-        p.out.job = parse_job({k: v for k, v in p.body.items() if k != "status"})
+        p.out.job = jobs.parse(p.body)
     except SpecError as err:
         message = "; ".join(err.errors)
         p.out.invalid = message

@@ -395,3 +395,30 @@ def test_kube_keeps_other_errors_transient() -> None:
     with pytest.raises(kube.Retry) as err:
         client.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}})
     assert not isinstance(err.value, kube.Rejected)
+
+
+def test_static_children_are_built_only_when_the_job_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlhf_operator import children
+
+    built: list[str] = []
+    real = children.build_config_map
+
+    def build_config_map(job: Any) -> dict[str, Any]:
+        built.append(job.metadata_name)
+        return real(job)
+
+    monkeypatch.setattr(children, "build_config_map", build_config_map)
+    fake = FakeKube(job())
+    ex = Executor(fake)  # type: ignore[arg-type]
+    run(ex)
+    fake.set_pods("Running")
+    run(ex, 1)
+    first = len(built)
+    run(ex, 2)  # status moved (resourceVersion too): the job did not
+    run(ex, 3)
+    assert len(built) == first
+    assert fake.job is not None
+    fake.job["spec"]["roles"]["rollout"]["replicas"] = 3
+    run(ex, 4)
+    assert len(built) > first
+    assert "replicas: 3" in fake.objects[("ConfigMap", "j-spec")]["data"]["job.yaml"]
