@@ -157,6 +157,7 @@ class Executor:
         series of the operator's metrics, so that the jobs-by-phase gauge (and the alerts on it)
         no longer count a deleted job."""
         key = (namespace, name)
+        jobs.forget(namespace, name, uid)
         if uid is None or self._ensured.get(key, ("",))[0] == uid:
             self._ensured.pop(key, None)
             if self.pod_cache is not None:

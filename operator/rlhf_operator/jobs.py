@@ -5,14 +5,15 @@ its status, computed once per distinct job rather than on every pass.
 Python) before building the typed spec: about a third of a second of CPU for a typical job, where
 the rest of a pass is milliseconds. A pass used to parse twice (the autoscaler, then the
 reconcile), and a burst of pod events runs many passes of an unchanged job. The result depends
-only on the job without its status, so it is kept per digest of that (without `resourceVersion`
-and `managedFields`, which every status write moves), in a bounded LRU. An invalid spec is
-remembered too (its errors). The jobs returned are shared: callers only read them.
+only on the job without its status, so the last parse of each job (namespace, name, UID) is kept
+with the digest of what it parsed (the job without `resourceVersion` and `managedFields`, which
+every status write moves), and reused while the digest holds: one entry per job (about 20 KiB),
+dropped by `forget` when the job goes. An invalid spec is remembered too (its errors). The jobs
+returned are shared: callers only read them.
 """
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import json
 import threading
@@ -20,11 +21,9 @@ from typing import Any
 
 from rlhf_trainer.spec import RLTrainingJob, SpecError, parse_job
 
-#: Distinct job bodies remembered (a job changes rarely; the oldest are forgotten).
-MAX_ENTRIES = 1024
-
 _lock = threading.Lock()
-_parsed: collections.OrderedDict[str, RLTrainingJob | list[str]] = collections.OrderedDict()
+#: (namespace, name, uid) -> (digest, the parsed job or the spec's errors).
+_parsed: dict[tuple[str, str, str], tuple[str, RLTrainingJob | list[str]]] = {}
 
 
 def digest(body: dict[str, Any]) -> str:
@@ -40,23 +39,29 @@ def digest(body: dict[str, Any]) -> str:
 def parse(body: dict[str, Any]) -> RLTrainingJob:
     """`parse_job` of `body` without its status; raises `SpecError` as it does."""
     doc = {k: v for k, v in body.items() if k != "status"}
-    key = digest(doc)
+    meta = doc.get("metadata") or {}
+    key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""), str(meta.get("uid") or ""))
+    now = digest(doc)
     with _lock:
-        hit = _parsed.get(key)
-        if hit is not None:
-            _parsed.move_to_end(key)
+        held = _parsed.get(key)
+    hit = held[1] if held is not None and held[0] == now else None
     if hit is None:
         try:
             hit = parse_job(doc)
         except SpecError as err:
             hit = list(err.errors)
         with _lock:
-            _parsed[key] = hit
-            while len(_parsed) > MAX_ENTRIES:
-                _parsed.popitem(last=False)
+            _parsed[key] = (now, hit)
     if isinstance(hit, list):
         raise SpecError(list(hit))
     return hit
+
+
+def forget(namespace: str, name: str, uid: str | None = None) -> None:
+    """Drop what is remembered of the job `namespace/name` with `uid` (None: whichever UID)."""
+    with _lock:
+        for key in [k for k in _parsed if k[:2] == (namespace, name) and uid in (None, k[2])]:
+            del _parsed[key]
 
 
 def clear() -> None:

@@ -59,10 +59,13 @@ def test_an_invalid_spec_is_remembered_with_its_errors(counted: list[dict[str, A
     assert len(counted) == 1
 
 
-def test_bounded(counted: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(jobs, "MAX_ENTRIES", 2)
-    bodies = [job(name=f"j{i}") for i in range(3)]
-    for b in bodies:
-        jobs.parse(b)
-    jobs.parse(bodies[0])  # forgotten (the oldest): parsed again
-    assert len(counted) == 4
+def test_one_entry_per_job_dropped_when_forgotten(counted: list[dict[str, Any]]) -> None:
+    body = job()
+    jobs.parse(body)
+    scaled = copy.deepcopy(body)
+    scaled["spec"]["roles"]["rollout"]["replicas"] = 3
+    jobs.parse(scaled)
+    assert len(jobs._parsed) == 1  # the job's latest parse only
+    jobs.forget("ns", "j")
+    jobs.parse(scaled)
+    assert len(counted) == 3
