@@ -194,7 +194,7 @@ class Executor:
         ):
             self.forget(namespace, name, uid)
             return Outcome(gone=True)
-        body, autoscale_after, scaled = self._autoscale(body, now)
+        body, autoscale_after, scaled, autoscaled = self._autoscale(body, now)
         if scaled:  # spec changed: the next pass (at once) reconciles the new count from a fresh read
             return Outcome(requeue_after=0.0, phase=(body.get("status") or {}).get("phase"))
         pods = self._pods(namespace, name)
@@ -205,8 +205,9 @@ class Executor:
         if plan.job is not None and not plan.invalid and plan.status.get("phase") not in FINISHED:
             rejection = self._ensure_static(plan.job, jobs.digest(body))
         old = reconcile.operator_status(body.get("status") or {})
-        if old != reconcile.operator_status(plan.status):
-            body = self.kube.patch_status(body, plan.status)  # Conflict: computed from a stale view; retry
+        if old != reconcile.operator_status(plan.status) or autoscaled:
+            # One write for the pass and the autoscaler. Conflict: computed from a stale view; retry.
+            body = self.kube.patch_status(body, {**plan.status, **(autoscaled or {})})
         for pod in plan.release:  # before the deletions: Kueue finishes the group once they stop
             try:
                 self.kube.patch_metadata(pod, kueue.RELEASE_PATCH["metadata"])
@@ -261,25 +262,27 @@ class Executor:
         self.pod_cache.seed(namespace, name, listed, version)
         return self.pod_cache.pods(namespace, name) or []
 
-    def _autoscale(self, body: dict[str, Any], now: dt.datetime) -> tuple[dict[str, Any], float | None, bool]:
+    def _autoscale(
+        self, body: dict[str, Any], now: dt.datetime
+    ) -> tuple[dict[str, Any], float | None, bool, dict[str, Any] | None]:
         """The autoscaler's I/O around `autoscaler` (pure): returns the job as last written, when
-        to look again (None: autoscaling is off) and whether `/scale` was written."""
+        to look again (None: autoscaling is off), whether `/scale` was written, and the status
+        patch it leaves to the pass's own status write (`status.autoscaling` alone: one write
+        instead of two; a condition it sets, or a `/scale`, is written at once)."""
         status = body.get("status") or {}
         try:
             job = jobs.parse(body)
         except SpecError:
-            return body, None, False  # reconcile.plan reports it
+            return body, None, False, None  # reconcile.plan reports it
         if not autoscaler.enabled(job, status.get("phase")):
-            return body, None, False
+            return body, None, False, None
         auto = dict(status.get("autoscaling") or {})
         rollout = status.get("rollout") or {}
         resharded = autoscaler.observe_reshard(auto, rollout, now)
         period = float(job.spec.autoscaling.period_seconds)
         wait = autoscaler.due_in(auto, period, now)
         if wait > 0:
-            if resharded is not None:
-                body = self.kube.patch_status(body, {"autoscaling": resharded})
-            return body, wait, False
+            return body, wait, False, None if resharded is None else {"autoscaling": resharded}
         prefixes = self.prometheus_url_prefixes
         source = autoscaler.metric_source(job, self.controller_metrics_url, prefixes)
         signal, error = self._read(source)
@@ -287,6 +290,10 @@ class Executor:
         refused = autoscaler.refusal(job, prefixes)
         conditions = autoscaler.refusal_conditions(list(status.get("conditions") or []), refused, now)
         patch: dict[str, Any] = {"autoscaling": ev.status}
+        if conditions is None and ev.replicas is None:
+            metrics.AUTOSCALE_DECISIONS.labels(ev.decision.direction).inc()
+            log.info("%s/%s: autoscaler: %s", job.namespace, job.metadata_name, ev.message)
+            return body, period, False, patch
         if conditions is not None:
             patch["conditions"] = conditions
         body = self.kube.patch_status(body, patch)
@@ -297,11 +304,11 @@ class Executor:
             self._event(body, "Warning", "PrometheusRefused", refused, now)
         log.info("%s/%s: autoscaler: %s", ns, name, ev.message)
         if ev.replicas is None:
-            return body, period, False
+            return body, period, False, None
         self.kube.scale(body, ev.replicas)
         if ev.event_reason:
             self._event(body, "Normal", ev.event_reason, ev.message, now)
-        return body, period, True
+        return body, period, True, None
 
     def _event(self, body: dict[str, Any], type_: str, reason: str, message: str, now: dt.datetime) -> None:
         try:
