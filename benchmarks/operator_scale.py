@@ -55,6 +55,9 @@ def job_manifest(name: str) -> dict[str, Any]:
         "rollout": {"replicas": 3, "minReplicas": 1, "maxReplicas": 4, "nodePool": "gpu", "resources": gpu8},
     }
     spec["training"]["miniBatchSize"] = 128
+    # The example mounts existing claims (models, datasets, checkpoints); none exists here, and a
+    # pod naming a missing claim is never scheduled.
+    spec.pop("pod", None)
     return doc  # type: ignore[no-any-return]
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from rlhf_operator import labels, network_policy, pod_template
+from rlhf_operator import kueue, labels, network_policy, pod_template
 from rlhf_trainer import contract
 from rlhf_trainer.spec import JobSpec, NodePoolSpec, RLTrainingJob, reference_in_actor, to_dict
 
@@ -110,7 +110,10 @@ def role_replicas(spec: JobSpec) -> dict[str, int]:
 
 
 def gang_size(spec: JobSpec) -> int:
-    return sum(role_replicas(spec).values())
+    """Pods of the gang that start and stop together: every role's but the elastic rollout
+    fleet's, whose size follows `/scale` (a Kueue pod group's count and a PodGroup's
+    `minMember` cannot follow it; see `kueue`)."""
+    return sum(n for role, n in role_replicas(spec).items() if role != "rollout")
 
 
 def _pool(spec: JobSpec, name: str | None) -> NodePoolSpec | None:
@@ -353,15 +356,13 @@ def _tolerations(pool: NodePoolSpec | None, gpus: int) -> list[dict[str, Any]]:
     return out
 
 
-def _gang_metadata(job: RLTrainingJob) -> tuple[dict[str, str], dict[str, str]]:
+def _gang_metadata(job: RLTrainingJob, role: str, kueue_group: str) -> tuple[dict[str, str], dict[str, str]]:
     """Labels and annotations that tell a gang scheduler or Kueue which pods belong together."""
     lab: dict[str, str] = {}
     ann: dict[str, str] = {}
     sched = job.spec.scheduling
     if sched.queue_name:
-        lab[labels.KUEUE_QUEUE_NAME] = sched.queue_name
-        lab[labels.KUEUE_POD_GROUP_NAME] = job.metadata_name
-        ann[labels.KUEUE_POD_GROUP_TOTAL_COUNT] = str(gang_size(job.spec))
+        lab, ann = kueue.pod_metadata(sched.queue_name, role, kueue_group, gang_size(job.spec))
     if sched.pod_group == "scheduler-plugins":
         lab[labels.SCHEDULER_PLUGINS_POD_GROUP] = job.metadata_name
     elif sched.pod_group == "volcano":
@@ -369,8 +370,17 @@ def _gang_metadata(job: RLTrainingJob) -> tuple[dict[str, str], dict[str, str]]:
     return lab, ann
 
 
-def build_pod(job: RLTrainingJob, role: str, index: int = 0, attempt: int = 0) -> dict[str, Any]:
-    """The pod of one replica of one role (or the controller pod), for restart attempt `attempt`."""
+def kueue_group(job: RLTrainingJob, attempt: int = 0, incarnation: str = "") -> str:
+    """The Kueue pod group of the gang's pods of `attempt` (see `kueue.group_name`)."""
+    uid = job.raw.get("metadata", {}).get("uid", "")
+    return kueue.group_name(job.metadata_name, uid, attempt, incarnation)
+
+
+def build_pod(
+    job: RLTrainingJob, role: str, index: int = 0, attempt: int = 0, incarnation: str = ""
+) -> dict[str, Any]:
+    """The pod of one replica of one role (or the controller pod), for restart attempt `attempt`
+    (`incarnation`: when the gang was last resumed, which names its Kueue pod group)."""
     spec = job.spec
     is_controller = role == labels.CONTROLLER_ROLE
     name = pod_name(job.metadata_name, role, index)
@@ -387,7 +397,7 @@ def build_pod(job: RLTrainingJob, role: str, index: int = 0, attempt: int = 0) -
     limits: dict[str, str] = {"memory": memory}
     if gpus:
         requests[GPU] = limits[GPU] = str(gpus)
-    gang_labels, gang_annotations = _gang_metadata(job)
+    gang_labels, gang_annotations = _gang_metadata(job, role, kueue_group(job, attempt, incarnation))
     meta = _meta(
         job,
         name,
@@ -471,7 +481,7 @@ def build_pod(job: RLTrainingJob, role: str, index: int = 0, attempt: int = 0) -
 
 
 def build_pods(
-    job: RLTrainingJob, attempt: int = 0, rollout_replicas: int | None = None
+    job: RLTrainingJob, attempt: int = 0, rollout_replicas: int | None = None, incarnation: str = ""
 ) -> dict[str, dict[str, Any]]:
     """Every pod of the job by name; `rollout_replicas` overrides the rollout count (scaling)."""
     out: dict[str, dict[str, Any]] = {}
@@ -479,6 +489,6 @@ def build_pods(
         if role == "rollout" and rollout_replicas is not None:
             n = rollout_replicas
         for i in range(n):
-            pod = build_pod(job, role, i, attempt)
+            pod = build_pod(job, role, i, attempt, incarnation)
             out[pod["metadata"]["name"]] = pod
     return out

@@ -11,15 +11,28 @@ import json
 import logging
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_operator import autoscaler, children, failure_policy, kube, metrics, ownership, reconcile
+from rlhf_operator import (
+    autoscaler,
+    cache,
+    children,
+    failure_policy,
+    jobs,
+    kube,
+    kueue,
+    metrics,
+    ownership,
+    reconcile,
+)
 from rlhf_operator.status import FINISHED, rfc3339
 from rlhf_trainer.autoscale import MetricError, MetricSource
-from rlhf_trainer.spec import SpecError, parse_job
+from rlhf_trainer.spec import SpecError
 
 log = logging.getLogger("rlhf_operator")
 
@@ -27,6 +40,70 @@ log = logging.getLogger("rlhf_operator")
 #: the middle of creating a job's children. Unset in production.
 _PAUSE_AFTER_CREATES = int(os.environ.get("RLHF_OPERATOR_PAUSE_AFTER_CREATES", "0"))
 _creates = 0
+
+
+#: Pod creations in flight at once, over all jobs (`rlhf operator` passes it to the Executor).
+CREATE_WORKERS = int(os.environ.get("RLHF_OPERATOR_CREATE_WORKERS", "8"))
+
+
+@dataclass
+class Creates:
+    """What `create_all` did: how many objects it created (False from `create`: already there,
+    not counted), and the first refusal in the objects' order, if any."""
+
+    created: int = 0
+    rejected: tuple[dict[str, Any], kube.Rejected] | None = None
+
+
+def create_all(
+    create: Callable[[dict[str, Any]], bool],
+    objs: list[dict[str, Any]],
+    pool: ThreadPoolExecutor | None = None,
+    on_created: Callable[[], None] = lambda: None,
+) -> Creates:
+    """Create `objs`, in their order, up to the pool's size at once (one at a time without a
+    pool). After a refusal (`kube.Rejected`) nothing more is started (the rest would most likely
+    be refused too; those in flight finish). The first refusal in `objs`' order is reported;
+    another error is raised once every started create has finished."""
+    stop = threading.Event()
+    out = Creates()
+
+    def one(obj: dict[str, Any]) -> bool | None:
+        if stop.is_set():
+            return None  # not attempted
+        try:
+            return create(obj)
+        except BaseException:  # a refusal, or an error that ends the pass
+            stop.set()
+            raise
+
+    if pool is None:
+        results: list[tuple[dict[str, Any], Any]] = []
+        for obj in objs:
+            try:
+                results.append((obj, one(obj)))
+            except kube.Rejected as err:
+                results.append((obj, err))
+                break
+    else:
+        futures: list[tuple[dict[str, Any], Future[bool | None]]] = [(o, pool.submit(one, o)) for o in objs]
+        results = []
+        for obj, fut in futures:
+            failure = fut.exception()  # waits: every started create finishes before we go on
+            results.append((obj, failure if failure is not None else fut.result()))
+    error: BaseException | None = None
+    for obj, res in results:
+        if isinstance(res, kube.Rejected):
+            if out.rejected is None:
+                out.rejected = (obj, res)
+        elif isinstance(res, BaseException):
+            error = error or res
+        elif res:
+            out.created += 1
+            on_created()
+    if error is not None and out.rejected is None:
+        raise error
+    return out
 
 
 @dataclass
@@ -54,6 +131,8 @@ class Executor:
         controller_metrics_url: str = autoscaler.DEFAULT_CONTROLLER_METRICS_URL,
         read: Callable[[MetricSource], tuple[float | None, str | None]] = read_signal,
         prometheus_url_prefixes: Sequence[str] = (),
+        pod_cache: cache.PodCache | None = None,
+        create_workers: int = 1,
     ) -> None:
         self.kube = client
         #: Template of the controller's /metrics URL for the autoscaler's direct scrape.
@@ -63,15 +142,26 @@ class Executor:
         self._read = read
         # Static children already ensured, per job: (uid, digest of what was sent). A restarted
         # operator starts empty and ensures everything again (create-if-absent), so this is only a cache.
-        self._ensured: dict[tuple[str, str], tuple[str, str]] = {}
+        self._ensured: dict[tuple[str, str], tuple[str, str, str]] = {}
+        #: The watch-fed pods of each job (None: list them on every pass).
+        self.pod_cache = pod_cache
+        #: Pods of a pass are created this many at once (shared by every job's passes).
+        self._create_pool = (
+            ThreadPoolExecutor(create_workers, thread_name_prefix="rlhf-create")
+            if create_workers > 1
+            else None
+        )
 
     def forget(self, namespace: str, name: str, uid: str | None = None) -> None:
         """Drop what is remembered of a job (None: whichever UID): its children cache and its
         series of the operator's metrics, so that the jobs-by-phase gauge (and the alerts on it)
         no longer count a deleted job."""
         key = (namespace, name)
+        jobs.forget(namespace, name, uid)
         if uid is None or self._ensured.get(key, ("",))[0] == uid:
             self._ensured.pop(key, None)
+            if self.pod_cache is not None:
+                self.pod_cache.forget(namespace, name)
         metrics.forget_job(namespace, name, uid)
 
     def reconcile(
@@ -104,33 +194,39 @@ class Executor:
         ):
             self.forget(namespace, name, uid)
             return Outcome(gone=True)
-        body, autoscale_after, scaled = self._autoscale(body, now)
+        body, autoscale_after, scaled, autoscaled = self._autoscale(body, now)
         if scaled:  # spec changed: the next pass (at once) reconciles the new count from a fresh read
             return Outcome(requeue_after=0.0, phase=(body.get("status") or {}).get("phase"))
-        pods = self.kube.list_pods(namespace, name)
+        pods = self._pods(namespace, name)
         plan = reconcile.plan(body, pods, now)
         if autoscale_after is not None:
             plan.requeue(autoscale_after)
         rejection: failure_policy.Rejection | None = None
         if plan.job is not None and not plan.invalid and plan.status.get("phase") not in FINISHED:
-            rejection = self._ensure_static(plan.job)
+            rejection = self._ensure_static(plan.job, jobs.digest(body))
         old = reconcile.operator_status(body.get("status") or {})
-        if old != reconcile.operator_status(plan.status):
-            body = self.kube.patch_status(body, plan.status)  # Conflict: computed from a stale view; retry
+        if old != reconcile.operator_status(plan.status) or autoscaled:
+            # One write for the pass and the autoscaler. Conflict: computed from a stale view; retry.
+            body = self.kube.patch_status(body, {**plan.status, **(autoscaled or {})})
+        for pod in plan.release:  # before the deletions: Kueue finishes the group once they stop
+            try:
+                self.kube.patch_metadata(pod, kueue.RELEASE_PATCH["metadata"])
+            except kube.Rejected as err:  # e.g. RBAC without pods/patch: quota held until deletion
+                log.warning(
+                    "%s/%s: Kueue group of pod %s not released: %s",
+                    namespace,
+                    name,
+                    pod["metadata"]["name"],
+                    err,
+                )
         for pod in plan.delete:
             self.kube.delete(pod)
             metrics.PODS_DELETED.inc()
-        attempted = False
-        for pod in plan.create if rejection is None else []:
-            attempted = True
-            try:
-                created = self.kube.create(pod)
-            except kube.Rejected as err:  # reported below; the other pods would most likely fail too
-                rejection = _rejection(pod, err)
-                break
-            if created:
-                metrics.PODS_CREATED.inc()
-                _test_pause_hook()
+        attempted = bool(plan.create) and rejection is None
+        if attempted:
+            done = create_all(self.kube.create, plan.create, self._create_pool, _created)
+            if done.rejected is not None:  # reported below; the other pods would most likely fail too
+                rejection = _rejection(*done.rejected)
         if rejection is None and plan.blocked:
             rejection = plan.blocked[0]
         report = reconcile.report_children(plan.status, rejection, attempted, now)
@@ -154,25 +250,39 @@ class Executor:
             return Outcome(gone=True)
         return Outcome(requeue_after=plan.requeue_after, invalid=plan.invalid, phase=plan.status.get("phase"))
 
-    def _autoscale(self, body: dict[str, Any], now: dt.datetime) -> tuple[dict[str, Any], float | None, bool]:
+    def _pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        """The job's pods: from the watch-fed cache, or a LIST that seeds it (first pass of the
+        job, then every `relist_seconds`)."""
+        if self.pod_cache is None:
+            return self.kube.list_pods(namespace, name)
+        cached = self.pod_cache.pods(namespace, name)
+        if cached is not None:
+            return cached
+        listed, version = self.kube.list_pods_versioned(namespace, name)
+        self.pod_cache.seed(namespace, name, listed, version)
+        return self.pod_cache.pods(namespace, name) or []
+
+    def _autoscale(
+        self, body: dict[str, Any], now: dt.datetime
+    ) -> tuple[dict[str, Any], float | None, bool, dict[str, Any] | None]:
         """The autoscaler's I/O around `autoscaler` (pure): returns the job as last written, when
-        to look again (None: autoscaling is off) and whether `/scale` was written."""
+        to look again (None: autoscaling is off), whether `/scale` was written, and the status
+        patch it leaves to the pass's own status write (`status.autoscaling` alone: one write
+        instead of two; a condition it sets, or a `/scale`, is written at once)."""
         status = body.get("status") or {}
         try:
-            job = parse_job({k: v for k, v in body.items() if k != "status"})
+            job = jobs.parse(body)
         except SpecError:
-            return body, None, False  # reconcile.plan reports it
+            return body, None, False, None  # reconcile.plan reports it
         if not autoscaler.enabled(job, status.get("phase")):
-            return body, None, False
+            return body, None, False, None
         auto = dict(status.get("autoscaling") or {})
         rollout = status.get("rollout") or {}
         resharded = autoscaler.observe_reshard(auto, rollout, now)
         period = float(job.spec.autoscaling.period_seconds)
         wait = autoscaler.due_in(auto, period, now)
         if wait > 0:
-            if resharded is not None:
-                body = self.kube.patch_status(body, {"autoscaling": resharded})
-            return body, wait, False
+            return body, wait, False, None if resharded is None else {"autoscaling": resharded}
         prefixes = self.prometheus_url_prefixes
         source = autoscaler.metric_source(job, self.controller_metrics_url, prefixes)
         signal, error = self._read(source)
@@ -180,6 +290,10 @@ class Executor:
         refused = autoscaler.refusal(job, prefixes)
         conditions = autoscaler.refusal_conditions(list(status.get("conditions") or []), refused, now)
         patch: dict[str, Any] = {"autoscaling": ev.status}
+        if conditions is None and ev.replicas is None:
+            metrics.AUTOSCALE_DECISIONS.labels(ev.decision.direction).inc()
+            log.info("%s/%s: autoscaler: %s", job.namespace, job.metadata_name, ev.message)
+            return body, period, False, patch
         if conditions is not None:
             patch["conditions"] = conditions
         body = self.kube.patch_status(body, patch)
@@ -190,11 +304,11 @@ class Executor:
             self._event(body, "Warning", "PrometheusRefused", refused, now)
         log.info("%s/%s: autoscaler: %s", ns, name, ev.message)
         if ev.replicas is None:
-            return body, period, False
+            return body, period, False, None
         self.kube.scale(body, ev.replicas)
         if ev.event_reason:
             self._event(body, "Normal", ev.event_reason, ev.message, now)
-        return body, period, True
+        return body, period, True, None
 
     def _event(self, body: dict[str, Any], type_: str, reason: str, message: str, now: dt.datetime) -> None:
         try:
@@ -205,15 +319,24 @@ class Executor:
                 "event %s for %s/%s not posted: %s", reason, meta.get("namespace"), meta.get("name"), err
             )
 
-    def _ensure_static(self, job: Any) -> failure_policy.Rejection | None:
+    def _ensure_static(self, job: Any, source: str) -> failure_policy.Rejection | None:
         """Create-if-absent the job's static children; the first one the API server refuses, or
         whose name is held by an object this job does not own (then the pods, which need them,
-        are not created this pass: a foreign ServiceAccount's token or Secret is never used)."""
+        are not created this pass: a foreign ServiceAccount's token or Secret is never used).
+
+        `source` is the digest of the job the children are built from (`jobs.digest`): while it
+        is the one last ensured, nothing is built (building the ConfigMap's YAML costs more than
+        the rest of a pass); when it moved, the children are built and compared with those last
+        ensured."""
         key = (job.namespace, job.metadata_name)
         uid = job.raw["metadata"].get("uid", "")
+        last = self._ensured.get(key)
+        if last is not None and last[:2] == (uid, source):
+            return None
         wanted = children.build_static_children(job, token="")
         digest = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()
-        if self._ensured.get(key) == (uid, digest):
+        if last is not None and last[0] == uid and last[2] == digest:
+            self._ensured[key] = (uid, source, digest)
             return None
         token = secrets.token_urlsafe(32)
         for obj in children.build_static_children(job, token=token):
@@ -241,13 +364,18 @@ class Executor:
                 return ownership.not_owned(existing, uid)
             if obj["kind"] == "ConfigMap":
                 self.kube.merge_patch(obj, {"data": obj["data"]})
-        self._ensured[key] = (uid, digest)
+        self._ensured[key] = (uid, source, digest)
         return None
 
 
 def _rejection(obj: dict[str, Any], err: kube.Rejected) -> failure_policy.Rejection:
     log.warning("create of %s %s refused: %s", obj["kind"], obj["metadata"]["name"], err)
     return failure_policy.Rejection(obj["kind"], obj["metadata"]["name"], err.code, err.server_message)
+
+
+def _created() -> None:
+    metrics.PODS_CREATED.inc()
+    _test_pause_hook()
 
 
 def _test_pause_hook() -> None:

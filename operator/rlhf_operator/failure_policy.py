@@ -37,7 +37,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_operator import labels, pod_health
+from rlhf_operator import kueue, labels, pod_health
 from rlhf_trainer.spec import FailurePolicyRuleSpec, FailurePolicySpec
 
 #: How long the kubelet may retry a pull or container create before the job acts on it.
@@ -80,6 +80,9 @@ OOM_KILLED = "OOMKilled"
 WORKER_EXITED = "WorkerExited"
 POD_FAILED = "PodFailed"
 
+#: The reason given to a pod Kueue stopped (a rollout pod, its own Workload; the gang's group is
+#: a suspension, `reconcile.kueue_stopped`).
+KUEUE_STOPPED = "StoppedByKueue"
 #: `DisruptionTarget` condition reasons (Kubernetes' pod disruption conditions) -> cause.
 DISRUPTION_CAUSES = {
     "PreemptionByScheduler": PREEMPTED,
@@ -88,6 +91,7 @@ DISRUPTION_CAUSES = {
     "TerminationByKubelet": EVICTED,  # node-pressure eviction, graceful node shutdown
     "DeletionByTaintManager": NODE_LOST,  # a NoExecute taint: the node is unreachable or not ready
     "DeletionByPodGC": NODE_LOST,  # the pod's node object was deleted
+    KUEUE_STOPPED: PREEMPTED,  # Kueue preempted or evicted the pod's Workload
 }
 #: A Failed pod's `status.reason` (set by the kubelet or the node controller) -> cause.
 POD_REASON_CAUSES = {
@@ -109,11 +113,12 @@ PROBLEM_CAUSES = {
 
 
 def _disruption(pod: dict[str, Any]) -> str | None:
-    """Reason of the pod's `DisruptionTarget` condition (why the system is taking it away), if any."""
+    """Reason of the pod's `DisruptionTarget` condition (why the system is taking it away), if
+    any; `StoppedByKueue` when Kueue's `TerminationTarget` condition marks it (`kueue`)."""
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == "DisruptionTarget" and c.get("status", "True") == "True":
             return str(c.get("reason") or "") or None
-    return None
+    return KUEUE_STOPPED if kueue.stopped(pod) is not None else None
 
 
 def _failed_cause(pod: dict[str, Any], container_reason: str | None) -> str:

@@ -29,8 +29,8 @@ from typing import Any
 
 import kopf
 
-from rlhf_operator import autoscaler, kube
-from rlhf_operator.executor import Executor
+from rlhf_operator import autoscaler, cache, kube
+from rlhf_operator.executor import CREATE_WORKERS, Executor
 from rlhf_operator.labels import FINALIZER, GROUP, JOB_NAME, PLURAL, VERSION
 
 #: Upper bound between two passes of a job even when nothing happens (drift repair).
@@ -46,6 +46,8 @@ CONTROLLER_METRICS_URL_ENV = "RLHF_OPERATOR_CONTROLLER_METRICS_URL"
 #: under the same name briefly has two daemons, the old one about to find its job gone.
 _wake: dict[tuple[str, str], dict[str, asyncio.Event]] = {}
 _executor: Executor | None = None
+#: The pods of every job, fed by the pod watch below: a pass reads them from here (`cache`).
+_pods = cache.PodCache(relist_seconds=float(os.environ.get("RLHF_OPERATOR_RELIST_SECONDS", "300")))
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,13 @@ def _get_executor() -> Executor:
     if _executor is None:
         url = os.environ.get(CONTROLLER_METRICS_URL_ENV) or autoscaler.DEFAULT_CONTROLLER_METRICS_URL
         prefixes = autoscaler.prometheus_url_prefixes(os.environ)
-        _executor = Executor(kube.Kube(), controller_metrics_url=url, prometheus_url_prefixes=prefixes)
+        _executor = Executor(
+            kube.Kube(),
+            controller_metrics_url=url,
+            prometheus_url_prefixes=prefixes,
+            pod_cache=_pods,
+            create_workers=CREATE_WORKERS,
+        )
     return _executor
 
 
@@ -98,7 +106,12 @@ async def job_event(name: str | None, namespace: str | None, **_: Any) -> None:
 
 
 @kopf.on.event("v1", "pods", labels={JOB_NAME: kopf.PRESENT})
-async def pod_event(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+async def pod_event(
+    namespace: str | None, labels: kopf.Labels, event: kopf.RawEvent, type: str | None, **_: Any
+) -> None:
+    pod: Any = event.get("object")
+    if isinstance(pod, dict):
+        _pods.observe(type, pod)
     _wake_job(namespace, labels.get(JOB_NAME))
 
 

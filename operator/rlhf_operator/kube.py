@@ -125,10 +125,14 @@ class Kube:
             return None
 
     def list_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return self.list_pods_versioned(namespace, job)[0]
+
+    def list_pods_versioned(self, namespace: str, job: str) -> tuple[list[dict[str, Any]], str | None]:
+        """The job's labelled pods and the list's resourceVersion (for `cache.PodCache.seed`)."""
         data = self._call(
             "GET", path("v1", "Pod", namespace), query=[("labelSelector", f"{labels.JOB_NAME}={job}")]
         )
-        return list(data.get("items") or [])
+        return list(data.get("items") or []), (data.get("metadata") or {}).get("resourceVersion")
 
     def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         """The stored object of `obj`'s kind, namespace and name, or None when there is none."""
@@ -165,6 +169,21 @@ class Kube:
             query=[("fieldManager", labels.FIELD_MANAGER)],
             content_type="application/merge-patch+json",
         )
+
+    def patch_metadata(self, obj: dict[str, Any], metadata: dict[str, Any]) -> None:
+        """Merge-patch `obj`'s labels or annotations, if it is still the same object (its UID in
+        the patch: a replaced object refuses it, 409 or 422); gone or replaced already is fine
+        (used on pods the job is done with). Other refusals (403: RBAC) raise `Rejected`."""
+        meta = obj["metadata"]
+        patch = {"metadata": {**metadata, **({"uid": meta["uid"]} if meta.get("uid") else {})}}
+        target = {"apiVersion": obj.get("apiVersion", "v1"), "kind": obj.get("kind", "Pod"), "metadata": meta}
+        try:
+            self.merge_patch(target, patch)
+        except (LookupError, Conflict):
+            return
+        except Rejected as err:
+            if err.code != 422:
+                raise
 
     def delete(self, obj: dict[str, Any]) -> None:
         """Delete `obj` if it is still the same object (uid precondition); gone already is fine."""

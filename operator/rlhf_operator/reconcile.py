@@ -7,7 +7,7 @@ operator finds after a restart, the same function computes the way forward (leve
 
 The pass is a sequence of small named steps (`STEPS`), each a short function of a `Pass` (what
 was observed, and the status and plan being built) that either hands on to the next step or ends
-the pass: parse_spec, sort_attempts, finished, suspended, resumed, controller_succeeded,
+the pass: parse_spec, sort_attempts, finished, suspended, resumed, kueue_stopped, controller_succeeded,
 desired_pods, collect_failures, act_on_failures, report_problems, restart_backoff, rollout_fleet,
 create_missing, count_members, all_created, all_scheduled, all_running. Each has its own
 table-driven test (tests/unit/operator/test_operator_reconcile_steps.py).
@@ -36,6 +36,8 @@ from rlhf_operator import (
     children,
     failure_policy,
     gang,
+    jobs,
+    kueue,
     labels,
     ownership,
     pod_health,
@@ -48,6 +50,7 @@ from rlhf_operator.status import (
     FAILED,
     FINISHED,
     POD_FAILURE,
+    QUEUED,
     RESTARTING,
     RUNNING,
     SCHEDULED,
@@ -62,7 +65,7 @@ from rlhf_operator.status import (
     summary,
 )
 from rlhf_trainer import contract
-from rlhf_trainer.spec import JobSpec, RLTrainingJob, SpecError, parse_job
+from rlhf_trainer.spec import JobSpec, RLTrainingJob, SpecError
 
 #: The status keys the operator owns (progress and rollout.syncedGeneration belong to the controller pod).
 OPERATOR_KEYS = (
@@ -106,6 +109,9 @@ class Plan:
     #: Pods the job wants whose names are held by pods it does not own (`ownership`): not
     #: created, reported by the executor like a refused create.
     blocked: list[failure_policy.Rejection] = field(default_factory=list)
+    #: Pods of Kueue pod groups the job is done with, to annotate `retriable-in-group: "false"`
+    #: before the deletions, so that Kueue finishes their Workloads and releases the quota (`kueue`).
+    release: list[dict[str, Any]] = field(default_factory=list)
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 0.0)
@@ -227,6 +233,16 @@ class Pass:
         return self.job.spec
 
     @property
+    def incarnation(self) -> str:
+        """When the gang was last resumed (after spec.suspend or Kueue's stop): part of its Kueue
+        pod group's name, so a resumed gang is a new group (`kueue.group_name`)."""
+        return str(self.condition(SUSPENDED).get("lastTransitionTime") or "")
+
+    @property
+    def kueue_group(self) -> str:
+        return children.kueue_group(self.job, self.attempt, self.incarnation)
+
+    @property
     def controller_name(self) -> str:
         return children.pod_name(self.name, labels.CONTROLLER_ROLE)
 
@@ -277,6 +293,14 @@ class Pass:
         if self.spec.ttl_seconds_after_finished is not None:
             self.out.requeue(self.spec.ttl_seconds_after_finished)
 
+    def _done_with(self) -> list[dict[str, Any]]:
+        """Pods the job is done with: deleted by this plan, being deleted, terminated, or all of
+        them once the job is suspended or finished (their Kueue pod groups get released)."""
+        if self.st["phase"] in (*FINISHED, "Suspended"):
+            return self.pods
+        deleting = {x["metadata"]["name"] for x in self.out.delete}
+        return [x for x in self.pods if x["metadata"]["name"] in deleting or _deleting(x) or _terminal(x)]
+
     def finish(self) -> Plan:
         st, old = self.st, self.old
         st["conditions"] = self.conditions
@@ -286,6 +310,7 @@ class Pass:
                 st["countedRestarts"] = None  # the merge patch removes it
         unique = {p["metadata"]["name"]: p for p in self.out.delete}
         self.out.delete[:] = list(unique.values())
+        self.out.release = kueue.to_release(self._done_with())
         prev_rollout = old.get("rollout") or {}
         st.setdefault(
             "rollout",
@@ -310,7 +335,7 @@ DONE, NEXT = True, False
 def parse_spec(p: Pass) -> bool:
     """An invalid spec fails the job (`InvalidSpec`, every problem named); the handler then stops."""
     try:
-        p.out.job = parse_job({k: v for k, v in p.body.items() if k != "status"})
+        p.out.job = jobs.parse(p.body)
     except SpecError as err:
         message = "; ".join(err.errors)
         p.out.invalid = message
@@ -371,6 +396,27 @@ def resumed(p: Pass) -> bool:
     return NEXT
 
 
+def kueue_stopped(p: Pass) -> bool:
+    """Kueue stopped the gang's pod group (preemption, eviction: it marks the pods
+    `TerminationTarget` and deletes them). A suspension, not a failure: the pods go, no restart
+    is counted, and the next pass resumes the job as a new pod group, which Kueue queues until it
+    admits it again (`kueue`)."""
+    if not p.spec.scheduling.queue_name:
+        return NEXT
+    group = p.kueue_group
+    hit = next((c for x in p.current if kueue.group_of(x) == group and (c := kueue.stopped(x))), None)
+    if hit is None:
+        return NEXT
+    why = ": ".join(str(v) for v in (hit.get("reason"), hit.get("message")) if v) or "stopped"
+    message = f"Kueue stopped pod group {group} ({why}): pods removed, checkpoints kept; the job queues again"
+    p.out.delete.extend(suspend.pods_to_remove(p.current))
+    p.cond(SUSPENDED, True, "StoppedByKueue", message)
+    p.clear(SCHEDULED, "StoppedByKueue")
+    p.clear(RUNNING, "StoppedByKueue")
+    p.transition("Suspended", "StoppedByKueue", message)
+    return DONE
+
+
 def controller_succeeded(p: Pass) -> bool:
     """The controller pod of the current attempt decides success."""
     controller = p.by_name.get(p.controller_name)
@@ -395,7 +441,9 @@ def desired_pods(p: Pass) -> bool:
     p.rollout_desired = children.role_replicas(p.spec).get("rollout", 0)
     p.desired_gang = {
         n: x
-        for n, x in children.build_pods(p.job, p.attempt, rollout_replicas=0).items()
+        for n, x in children.build_pods(
+            p.job, p.attempt, rollout_replicas=0, incarnation=p.incarnation
+        ).items()
         if _labels(x)[labels.ROLE] != "rollout"
     }
     return NEXT
@@ -580,7 +628,7 @@ def rollout_fleet(p: Pass) -> bool:
     }
     p.leaving = set(rplan.draining) | {x["metadata"]["name"] for x in rplan.delete}
     for i in rplan.create:
-        pod = children.build_pod(p.job, "rollout", i, p.attempt)
+        pod = children.build_pod(p.job, "rollout", i, p.attempt, p.incarnation)
         p.desired_rollout[pod["metadata"]["name"]] = pod
     return NEXT
 
@@ -628,12 +676,14 @@ def all_scheduled(p: Pass) -> bool:
     fail, per onTimeout)."""
     if p.phase != "Scheduling":
         return NEXT
+    if _queued(p):
+        return NEXT
     state = gang.gang_state(p.members, p.expected)
     if state.all_scheduled:
         p.cond(SCHEDULED, True, "AllScheduled", f"all {p.expected} pods bound to nodes")
         p.clear(UNSCHEDULABLE, "AllScheduled")
         return NEXT
-    since = p.since(SCHEDULED)
+    since = max((t for t in (p.since(SCHEDULED), p.since(QUEUED)) if t is not None), default=None)
     waited = (p.now - since).total_seconds() if since else 0.0
     timeout = p.spec.scheduling.timeout_seconds
     if not gang.timed_out(waited, timeout):
@@ -653,6 +703,26 @@ def all_scheduled(p: Pass) -> bool:
     return DONE
 
 
+def _queued(p: Pass) -> bool:
+    """Pods Kueue holds back (its admission gate) wait for quota, not for a node: the Queued
+    condition, and no scheduling timeout until Kueue admits them (then it counts from there)."""
+    gated = sorted(x["metadata"]["name"] for x in p.members if kueue.is_gated(x))
+    if gated:
+        more = f" and {len(gated) - 5} more" if len(gated) > 5 else ""
+        queue = p.spec.scheduling.queue_name or "?"
+        p.cond(
+            QUEUED,
+            True,
+            "WaitingForKueue",
+            f"{len(gated)}/{p.expected} pods wait for Kueue to admit them (LocalQueue {queue}): "
+            f"{', '.join(gated[:5])}{more}",
+        )
+        return True
+    if p.condition(QUEUED).get("status") == "True":
+        p.cond(QUEUED, False, "Admitted", "Kueue admitted the pods")
+    return False
+
+
 def all_running(p: Pass) -> bool:
     """Scheduling: once every pod runs, Running (startTime set once)."""
     if p.phase == "Scheduling" and gang.gang_state(p.members, p.expected).all_running:
@@ -670,6 +740,7 @@ STEPS: tuple[Step, ...] = (
     finished,
     suspended,
     resumed,
+    kueue_stopped,
     controller_succeeded,
     desired_pods,
     collect_failures,

@@ -49,9 +49,13 @@ CHILD_FAILURE = "ChildFailure"
 # URLNotAllowed; the autoscaler reads the controller pod's /metrics instead.
 PROMETHEUS_REFUSED = "PrometheusRefused"
 SUSPENDED = "Suspended"
+# Kueue holds pods of the job back (its admission scheduling gate): reason WaitingForKueue while
+# True, Admitted once it lets them go (see `kueue`). The scheduling timeout counts from then.
+QUEUED = "Queued"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 CONDITION_TYPES = (
+    QUEUED,
     SCHEDULED,
     RUNNING,
     RESTARTING,

@@ -1219,7 +1219,8 @@ class SchedulingSpec:
     scheduler_name: str | None = _f(None, doc="schedulerName of every pod.")
     priority_class_name: str | None = _f(None, doc="priorityClassName of every pod.")
     queue_name: str | None = _f(
-        None, doc="Kueue LocalQueue; pods then carry Kueue's plain pod-group label and annotations."
+        None,
+        doc="Kueue LocalQueue: the gang is one Kueue pod group (without the rollout fleet, whose pods Kueue admits one by one); see docs/operator.md, Kueue.",
     )
     pod_group: Literal["none", "scheduler-plugins", "volcano"] = _f(
         "none", doc="Also create a PodGroup for this gang scheduler."

@@ -418,3 +418,15 @@ def test_executor_refuses_a_prometheus_url_outside_the_allow_list() -> None:
     assert type(reads[-1]).__name__ == "PrometheusSource" and reads[-1].url == "http://10.0.0.1:9090"
     c = get_condition(fake.job["status"], "PrometheusRefused")
     assert c is not None and (c["status"], c["reason"]) == ("False", "URLAllowed")
+
+
+def test_executor_writes_a_hold_decision_with_the_pass_in_one_status_write() -> None:
+    """No /scale and no condition: the autoscaler's status rides on the pass's own write."""
+    fake = ScaleKube(running(2))
+    ex = Executor(fake, read=lambda src: (AUTO["target"], None))  # type: ignore[arg-type]
+    ex.reconcile("ns", "j", now=at(0))
+    writes = [e for e in fake.log if e.startswith("status")]
+    assert len(writes) == 1 and "autoscaling" in writes[0] and "phase" in writes[0], fake.log
+    auto = fake.job["status"]["autoscaling"]
+    assert auto["lastEvaluationTime"] == "2025-01-01T12:00:00.000000Z" and "desiredReplicas" in auto
+    assert not any(e.startswith("scale") for e in fake.log)

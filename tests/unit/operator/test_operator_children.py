@@ -9,7 +9,7 @@ import pytest
 import yaml
 from operator_helpers import BASE_SPEC, job
 
-from rlhf_operator import children
+from rlhf_operator import children, kueue
 from rlhf_trainer.spec import parse_job, parse_spec, to_dict
 
 OWNER = {
@@ -276,14 +276,27 @@ POD_VARIANTS = [
         },
     ),
     (
+        # The group of this job's UID and attempt 0; its size is the gang's without the
+        # rollout fleet (controller, 2 actors, reference), which follows /scale.
         "Kueue queue: plain pod-group labels and the group's size",
         {"scheduling": {"queueName": "team-a"}},
         "actor",
         0,
         {
             ("metadata", "labels", "kueue.x-k8s.io/queue-name"): "team-a",
-            ("metadata", "labels", "kueue.x-k8s.io/pod-group-name"): "j",
-            ("metadata", "annotations"): {"kueue.x-k8s.io/pod-group-total-count": "6"},
+            ("metadata", "labels", "kueue.x-k8s.io/pod-group-name"): kueue.group_name("j", "uid-1", 0),
+            ("metadata", "annotations"): {"kueue.x-k8s.io/pod-group-total-count": "4"},
+        },
+    ),
+    (
+        "Kueue queue: a rollout pod is admitted on its own (no group, no count)",
+        {"scheduling": {"queueName": "team-a"}},
+        "rollout",
+        1,
+        {
+            ("metadata", "labels", "kueue.x-k8s.io/queue-name"): "team-a",
+            ("metadata", "labels", "kueue.x-k8s.io/pod-group-name"): None,
+            ("metadata", "annotations"): None,
         },
     ),
     (
@@ -439,7 +452,7 @@ def test_config_map_holds_the_defaulted_spec() -> None:
                 "apiVersion": "scheduling.x-k8s.io/v1alpha1",
                 "kind": "PodGroup",
                 "metadata": _meta("j"),
-                "spec": {"minMember": 6, "scheduleTimeoutSeconds": 60},
+                "spec": {"minMember": 4, "scheduleTimeoutSeconds": 60},
             },
         ),
         (
@@ -448,7 +461,7 @@ def test_config_map_holds_the_defaulted_spec() -> None:
                 "apiVersion": "scheduling.volcano.sh/v1beta1",
                 "kind": "PodGroup",
                 "metadata": _meta("j"),
-                "spec": {"minMember": 6},
+                "spec": {"minMember": 4},
             },
         ),
     ],

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from operator_helpers import at, job, merge_patch
 
-from rlhf_operator import kube
+from rlhf_operator import kube, kueue
+from rlhf_operator.cache import PodCache
 from rlhf_operator.executor import Executor
 
 
@@ -67,6 +68,12 @@ class FakeKube:
         key = (obj["kind"], obj["metadata"]["name"])
         self.objects[key] = merge_patch(self.objects[key], patch)
         self.log.append(f"patch {obj['kind']} {obj['metadata']['name']}")
+
+    def patch_metadata(self, obj: dict[str, Any], metadata: dict[str, Any]) -> None:
+        key = (obj.get("kind", "Pod"), obj["metadata"]["name"])
+        if key in self.objects and self.objects[key]["metadata"]["uid"] == obj["metadata"].get("uid"):
+            self.objects[key] = merge_patch(self.objects[key], {"metadata": metadata})
+            self.log.append(f"annotate {key[0]} {key[1]}")
 
     def delete(self, obj: dict[str, Any]) -> None:
         if obj["kind"] == "RLTrainingJob":
@@ -203,6 +210,94 @@ def test_no_write_loop_when_a_reported_value_disappears() -> None:
     assert fake.log == before
 
 
+class WatchedKube(FakeKube):
+    """FakeKube whose pod writes reach a `PodCache` as the operator's pod watch would deliver
+    them (after the pass), and that counts the LISTs."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        super().__init__(body)
+        self.lists = 0
+
+    def list_pods_versioned(self, namespace: str, job: str) -> tuple[list[dict[str, Any]], str]:
+        self.lists += 1
+        return self.list_pods(namespace, job), "1"
+
+    def deliver(self, cache: PodCache, seen: dict[str, Any]) -> None:
+        """Watch events for every pod change since `seen` (name -> last delivered body)."""
+        now = {o["metadata"]["name"]: o for (k, _), o in self.objects.items() if k == "Pod"}
+        for name, body in now.items():
+            if seen.get(name) != body:
+                cache.observe(
+                    "MODIFIED", {**copy.deepcopy(body), "metadata": {**body["metadata"], "namespace": "ns"}}
+                )
+        for name in set(seen) - set(now):
+            cache.observe("DELETED", {"metadata": {**seen[name]["metadata"], "namespace": "ns"}})
+        seen.clear()
+        seen.update(copy.deepcopy(now))
+
+
+def test_with_the_pod_cache_a_job_is_listed_once_and_reaches_running() -> None:
+    fake = WatchedKube(job())
+    pods = PodCache()
+    ex = Executor(fake, pod_cache=pods)  # type: ignore[arg-type]
+    seen: dict[str, Any] = {}
+    run(ex)
+    fake.deliver(pods, seen)
+    fake.set_pods("Running")
+    fake.deliver(pods, seen)
+    run(ex, 1)
+    run(ex, 2)
+    assert fake.job is not None and fake.job["status"]["phase"] == "Running"
+    assert fake.lists == 1  # the first pass seeded the cache; the watch kept it current
+    before = list(fake.log)
+    run(ex, 3)
+    assert fake.log == before  # steady state: no write either
+    ex.forget("ns", "j")
+    run(ex, 4)
+    assert fake.lists == 2
+
+
+def test_a_pass_before_the_watch_showed_new_pods_creates_no_duplicate() -> None:
+    fake = WatchedKube(job())
+    ex = Executor(fake, pod_cache=PodCache())  # type: ignore[arg-type]
+    run(ex)
+    created = sum(1 for e in fake.log if e.startswith("create Pod"))
+    run(ex, 1)  # the cache has not seen them: the creates answer AlreadyExists
+    assert sum(1 for e in fake.log if e.startswith("create Pod")) == created
+
+
+def test_parallel_creation_creates_every_pod_once() -> None:
+    fake = FakeKube(job())
+    ex = Executor(fake, create_workers=4)  # type: ignore[arg-type]
+    run(ex)
+    assert sorted(e for e in fake.log if e.startswith("create Pod")) == [
+        f"create Pod j-{n}"
+        for n in ("actor-0", "actor-1", "controller", "reference-0", "rollout-0", "rollout-1")
+    ]
+
+
+def test_a_finished_kueue_job_releases_its_group_before_deleting_the_workers() -> None:
+    fake = FakeKube(job(scheduling={"queueName": "team-a"}))
+    ex = Executor(fake)  # type: ignore[arg-type]
+    run(ex)
+    fake.set_pods("Running")
+    run(ex, 1)
+    run(ex, 2)
+    fake.objects[("Pod", "j-controller")]["status"] = {"phase": "Succeeded"}
+    mark = len(fake.log)
+    run(ex, 3)
+    log = fake.log[mark:]
+    annotated = [e for e in log if e.startswith("annotate")]
+    assert annotated == [f"annotate Pod j-{n}" for n in ("actor-0", "actor-1", "controller", "reference-0")]
+    assert max(log.index(e) for e in annotated) < min(i for i, e in enumerate(log) if e.startswith("delete"))
+    assert (
+        fake.objects[("Pod", "j-controller")]["metadata"]["annotations"][kueue.RETRIABLE_IN_GROUP] == "false"
+    )
+    mark = len(fake.log)
+    run(ex, 4)
+    assert not [e for e in fake.log[mark:] if e.startswith("annotate")]  # done once
+
+
 QUOTA = 'pods "j-actor-0" is forbidden: exceeded quota: gpu, requested: requests.nvidia.com/gpu=8, used: 0, limited: 4'
 
 
@@ -300,3 +395,30 @@ def test_kube_keeps_other_errors_transient() -> None:
     with pytest.raises(kube.Retry) as err:
         client.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}})
     assert not isinstance(err.value, kube.Rejected)
+
+
+def test_static_children_are_built_only_when_the_job_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlhf_operator import children
+
+    built: list[str] = []
+    real = children.build_config_map
+
+    def build_config_map(job: Any) -> dict[str, Any]:
+        built.append(job.metadata_name)
+        return real(job)
+
+    monkeypatch.setattr(children, "build_config_map", build_config_map)
+    fake = FakeKube(job())
+    ex = Executor(fake)  # type: ignore[arg-type]
+    run(ex)
+    fake.set_pods("Running")
+    run(ex, 1)
+    first = len(built)
+    run(ex, 2)  # status moved (resourceVersion too): the job did not
+    run(ex, 3)
+    assert len(built) == first
+    assert fake.job is not None
+    fake.job["spec"]["roles"]["rollout"]["replicas"] = 3
+    run(ex, 4)
+    assert len(built) > first
+    assert "replicas: 3" in fake.objects[("ConfigMap", "j-spec")]["data"]["job.yaml"]

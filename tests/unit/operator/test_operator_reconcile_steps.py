@@ -255,6 +255,76 @@ def test_resumed(phase_: str, want: tuple[Any, ...]) -> None:
     assert (p.phase, p.st["phase"], cond(p, "Suspended"), events(p)) == want
 
 
+# -- kueue_stopped: (case, queue, conditions, pod state) -> (ended, phase, deleted, Suspended, events) --
+
+KUEUE_EVICTED = {
+    "type": "TerminationTarget",
+    "status": "True",
+    "reason": "WorkloadEvicted",
+    "message": "Preempted to accommodate a higher priority Workload",
+}
+
+
+def stopped_by_kueue(p: Pod) -> Pod:
+    """What Kueue does to each pod of a group it stops: the TerminationTarget condition, then a delete."""
+    p = deleting(p)
+    p["status"]["conditions"].append(dict(KUEUE_EVICTED))
+    return p
+
+
+def gang_stopped_by_kueue(p: Pod) -> Pod:
+    """Kueue stops the gang's group; the rollout pods are single Workloads it did not stop."""
+    return running(p) if p["metadata"]["labels"]["rlhf.dev/role"] == "rollout" else stopped_by_kueue(p)
+
+
+RESUMED_AT = [
+    {
+        "type": "Suspended",
+        "status": "False",
+        "reason": "Resumed",
+        "lastTransitionTime": "2025-01-01T11:00:00Z",
+    }
+]
+KUEUE_STOPPED = [
+    (
+        "no queue: a TerminationTarget is not Kueue's",
+        None,
+        [],
+        gang_stopped_by_kueue,
+        (NEXT, "Running", [], None, []),
+    ),
+    ("admitted and running", "team-a", [], running, (NEXT, "Running", [], None, [])),
+    (
+        "Kueue stopped the group: a suspension",
+        "team-a",
+        [],
+        gang_stopped_by_kueue,
+        (DONE, "Suspended", ["j-rollout-0", "j-rollout-1"], ("True", "StoppedByKueue"), ["StoppedByKueue"]),
+    ),
+    # Resumed since: the stopped pods belong to the group before the resume (a new one now).
+    (
+        "an older group's stopped pods",
+        "team-a",
+        RESUMED_AT,
+        gang_stopped_by_kueue,
+        (NEXT, "Running", [], ("False", "Resumed"), []),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "queue,conds,state,want", [c[1:] for c in KUEUE_STOPPED], ids=[c[0] for c in KUEUE_STOPPED]
+)
+def test_kueue_stopped(
+    queue: str | None, conds: list[dict[str, Any]], state: State, want: tuple[Any, ...]
+) -> None:
+    spec = {"scheduling": {"timeoutSeconds": 60, **({"queueName": queue} if queue else {})}}
+    b = body_("Running", conditions=conds, **spec)
+    p, ended = run_to(reconcile.kueue_stopped, b, pods_(body_("Running", **spec), state=state))
+    got = (ended, p.st["phase"], names(p.out.delete), cond(p, "Suspended"), events(p))
+    assert got == want
+
+
 # -- controller_succeeded: (case, pods, ttl) -> (ended, phase, deleted, events, requeue) ---------------
 
 B1_PODS_OLD_DONE = pods_(B1, 0, j_controller=succeeded) + pods_(B1, 1)
