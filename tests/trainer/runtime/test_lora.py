@@ -99,9 +99,7 @@ def test_merge_is_w_plus_scaled_b_at_a():
 
 
 def test_lora_spec_errors_name_the_field(tmp_path):
-    from rlhf_trainer.spec import SpecError
-
-    from rlhf_trainer.spec import API_VERSION, KIND, parse_job
+    from rlhf_trainer.spec import API_VERSION, KIND, SpecError, parse_job
 
     def job(lora: dict) -> dict:
         spec = {
