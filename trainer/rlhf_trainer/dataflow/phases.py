@@ -48,6 +48,9 @@ WORKER_KEYS = (
     "chosen",
     "pair_index",
     "branch_index",
+    # The engine's log-probs of the sampled tokens: the actor logs how far its own are from them
+    # (`rollout/logprob_mismatch`, `ActorWorker.micro_loss`).
+    "rollout_log_probs",
 )
 
 
