@@ -53,11 +53,13 @@ def _run_check(*args: str, timeout: float = 600) -> Any:
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir() -> Path:
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """The quickstart's model, built by this checkout's recipe into the module's own folder (the
+    shared cache may hold another version of the recipe while branches differ)."""
     from rlhf_trainer.bootstrap import ensure_model
     from rlhf_trainer.spec import ModelSpec
 
-    path = Path("~/.cache/rlhf-operator/models/tiny-arithmetic").expanduser()
+    path = tmp_path_factory.mktemp("vllm-model") / "tiny-arithmetic"
     ensure_model(ModelSpec(path=str(path), bootstrap="tiny-arithmetic"))
     return path
 
@@ -67,7 +69,9 @@ def test_greedy_equals_hf_after_weight_updates(variant, tiny_model_dir, tmp_path
     out = _run_check("greedy", str(tiny_model_dir), str(tmp_path), variant)
     phases = out["phases"]
     for phase, by_engine in phases.items():
-        assert by_engine["vllm"] == by_engine["hf"], f"{variant}, {phase}: vLLM's greedy tokens differ from hf's"
+        assert by_engine["vllm"] == by_engine["hf"], (
+            f"{variant}, {phase}: vLLM's greedy tokens differ from hf's"
+        )
     # The updates changed what the model says (else equality above proves nothing), and
     # restoring the weights brings the first answers back (no stale prefix cache).
     assert phases["updated"]["hf"] != phases["before"]["hf"]
@@ -89,6 +93,8 @@ def test_quickstart_learns_with_vllm(tiny_model_dir, tmp_path):
 
     doc = yaml.safe_load(QUICKSTART.read_text())
     doc["spec"]["rollout"]["engine"] = "vllm"
+    doc["spec"]["model"]["path"] = str(tiny_model_dir)
+    doc["spec"]["data"]["path"] = str(tmp_path / "prompts.jsonl")
     doc["spec"]["output"] = {"dir": str(tmp_path / "run"), "report": False, "progress": False}
     manifest = tmp_path / "quickstart-vllm.yaml"
     manifest.write_text(yaml.safe_dump(doc))
@@ -106,9 +112,13 @@ def test_quickstart_learns_with_vllm(tiny_model_dir, tmp_path):
     assert len(rows) == steps
     rewards = [r["reward/mean"] for r in rows]
     first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
-    assert last > first + 0.2, f"reward did not rise with engine vllm: first 6 steps {first:.3f}, last 6 {last:.3f}"
+    assert last > first + 0.2, (
+        f"reward did not rise with engine vllm: first 6 steps {first:.3f}, last 6 {last:.3f}"
+    )
     # The engine's log-probs were compared with the trainer's every step.
-    assert all(r["rollout/logprob_mismatch"] < 1e-3 for r in rows), [r["rollout/logprob_mismatch"] for r in rows]
+    assert all(r["rollout/logprob_mismatch"] < 1e-3 for r in rows), [
+        r["rollout/logprob_mismatch"] for r in rows
+    ]
 
 
 if __name__ == "__main__":

@@ -80,10 +80,7 @@ def greedy(model_dir: Path, scratch: Path, label: str) -> dict[str, Any]:
     def decode(phase: str, hf: Any = hf, vl: Any = vl, ps: Any = ps, phases: Any = phases) -> None:
         phases[phase] = {
             name: [
-                row[: int(m.sum())]
-                for row, m in zip(
-                    b.response_ids.tolist(), b.response_mask, strict=True
-                )
+                row[: int(m.sum())] for row, m in zip(b.response_ids.tolist(), b.response_mask, strict=True)
             ]
             for name, b in (("hf", hf.generate(ps, greedy=True)), ("vllm", vl.generate(ps, greedy=True)))
         }

@@ -44,7 +44,9 @@ CPU_KV_CACHE_BYTES = 256 * 2**20
 
 
 def _shm_root() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    return (
+        "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    )
 
 
 class VLLMRolloutEngine:
@@ -138,6 +140,7 @@ class VLLMRolloutEngine:
             llm_kwargs["max_model_len"] = max_model_len
         host_weights = None
         if on_cpu:
+            _check_cpu_head_size(model_path)
             llm_kwargs["enforce_eager"] = True
             if kv_cache_bytes is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
                 kv_cache_bytes = CPU_KV_CACHE_BYTES
@@ -327,6 +330,26 @@ def _full_state_dict(model_path: str, dtype: str) -> dict[str, torch.Tensor]:
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype))
     return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def _check_cpu_head_size(model_path: str) -> None:
+    """vLLM's CPU attention kernels take a fixed set of head sizes; say so before starting."""
+    from transformers import AutoConfig
+
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        supported = list(CPUAttentionBackend.get_supported_head_sizes())
+    except (ImportError, AttributeError):  # another vLLM layout: let vLLM decide
+        return
+    config = AutoConfig.from_pretrained(model_path)
+    text = getattr(config, "text_config", None) or config
+    head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if head not in supported:
+        raise ValueError(
+            f"rollout engine `vllm` on CPU: model {model_path} has attention heads of size {head}; vLLM's "
+            f"CPU kernels take {', '.join(map(str, supported))} (use engine `hf` for this model)"
+        )
 
 
 def _eos_ids(llm: Any, model_path: str) -> list[int]:
