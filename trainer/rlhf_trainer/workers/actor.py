@@ -409,5 +409,5 @@ class ActorWorker(TrainableWorker):
             if tokens > 0:
                 gap = ((log_probs.detach() - engine_lp.to(log_probs.dtype)).abs() * mask).sum() / tokens
                 out["rollout/logprob_mismatch"] = float(gap)
-                out["metric_tokens"]["rollout/logprob_mismatch"] = tokens
+                out["metric_tokens"] = {**out.get("metric_tokens", {}), "rollout/logprob_mismatch": tokens}
         return out
