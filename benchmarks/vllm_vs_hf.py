@@ -7,7 +7,8 @@ process, same weights, for two models made on the spot:
   the character tokenizer) sampling 32 prompts x 4 samples, up to 64 new tokens.
 
 Generated tokens per second (tokens counted from each engine's own response masks; each engine
-warmed up once, then the median of `--repeats` timed calls) and the vllm/hf ratio per model.
+warmed up once, then the median of `--repeats` timed calls, the two engines' calls alternating so
+that load from elsewhere on the machine falls on both) and the vllm/hf ratio per model.
 Runs in the vLLM test env (vLLM cannot live in the project's venv):
 
     PYTHONPATH=trainer:operator $(bash scripts/vllm_env.sh) benchmarks/vllm_vs_hf.py
@@ -32,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
 import torch  # noqa: E402
 
 SETTINGS: dict[str, dict[str, int]] = {
-    "quickstart": {"prompts": 16, "samples": 8, "max_new_tokens": 4},
-    "llama-30m": {"prompts": 32, "samples": 4, "max_new_tokens": 64},
+    "quickstart": {"prompts": 16, "samples": 8, "max_new_tokens": 4, "repeats": 9},
+    "llama-30m": {"prompts": 32, "samples": 4, "max_new_tokens": 64, "repeats": 3},
 }
 
 
@@ -75,22 +76,10 @@ def prompt_ids(tokenizer: Any, n: int) -> list[list[int]]:
     return [tokenizer(f"{rng.randint(0, 9)}+{rng.randint(0, 9)}=").input_ids for _ in range(n)]
 
 
-def throughput(engine: Any, prompts: list[list[int]], samples: int, repeats: int) -> dict[str, float]:
-    engine.generate(prompts, n=samples)  # warm-up
-    rates, tokens = [], []
-    for r in range(repeats):
-        engine.set_seed(r)
-        t0 = time.perf_counter()
-        batch = engine.generate(prompts, n=samples)
-        dt = time.perf_counter() - t0
-        k = float(batch.response_mask.sum())
-        rates.append(k / dt)
-        tokens.append(k)
-    return {"tokens_per_s": statistics.median(rates), "tokens_per_call": statistics.median(tokens)}
-
-
 def measure(name: str, repeats: int) -> dict[str, Any]:
-    """One model, both engines, in this process."""
+    """One model, both engines alive in this process; after one warm-up call each, the engines'
+    timed calls alternate (hf, vllm, hf, ...) so that load from elsewhere on the machine falls on
+    both alike. Median tokens/s of each."""
     from rlhf_trainer.rollout.hf import HFRolloutEngine
     from rlhf_trainer.rollout.vllm import VLLMRolloutEngine
 
@@ -99,19 +88,34 @@ def measure(name: str, repeats: int) -> dict[str, Any]:
         s = SETTINGS[name]
         kw = {"max_new_tokens": s["max_new_tokens"], "temperature": 1.0, "seed": 0}
         hf = HFRolloutEngine.from_pretrained(str(path), **kw)
-        prompts = prompt_ids(hf.tokenizer, s["prompts"])
-        h = throughput(hf, prompts, s["samples"], repeats)
         t0 = time.perf_counter()
         vl = VLLMRolloutEngine.from_pretrained(str(path), max_model_len=128, **kw)
         start_s = time.perf_counter() - t0
-        v = throughput(vl, prompts, s["samples"], repeats)
+        prompts = prompt_ids(hf.tokenizer, s["prompts"])
+        engines = {"hf": hf, "vllm": vl}
+        rates: dict[str, list[float]] = {k: [] for k in engines}
+        tokens: dict[str, list[float]] = {k: [] for k in engines}
+        for engine in engines.values():
+            engine.generate(prompts, n=s["samples"])  # warm-up
+        for r in range(repeats):
+            for key, engine in engines.items():
+                engine.set_seed(r)
+                t0 = time.perf_counter()
+                batch = engine.generate(prompts, n=s["samples"])
+                dt = time.perf_counter() - t0
+                k = float(batch.response_mask.sum())
+                rates[key].append(k / dt)
+                tokens[key].append(k)
+    h, v = statistics.median(rates["hf"]), statistics.median(rates["vllm"])
     return {
         "model": name,
         "params": params,
-        "hf_tokens_per_s": round(h["tokens_per_s"], 1),
-        "vllm_tokens_per_s": round(v["tokens_per_s"], 1),
-        "ratio_vllm_over_hf": round(v["tokens_per_s"] / h["tokens_per_s"], 2),
-        "tokens_per_call": {"hf": h["tokens_per_call"], "vllm": v["tokens_per_call"]},
+        "hf_tokens_per_s": round(h, 1),
+        "vllm_tokens_per_s": round(v, 1),
+        "ratio_vllm_over_hf": round(v / h, 2),
+        "tokens_per_call": {k: statistics.median(t) for k, t in tokens.items()},
+        "spread_tokens_per_s": {k: [round(min(x)), round(max(x))] for k, x in rates.items()},
+        "repeats": repeats,
         "vllm_start_s": round(start_s, 1),
         "torch_threads": torch.get_num_threads(),
     }
@@ -120,16 +124,19 @@ def measure(name: str, repeats: int) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--repeats", type=int, help="timed calls per engine (default: 9 quickstart, 3 llama-30m)"
+    )
     parser.add_argument("--one", choices=list(SETTINGS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:  # child: vLLM's in-process engine is started once per process
-        print(json.dumps(measure(args.one, args.repeats)))
+        print(json.dumps(measure(args.one, args.repeats or SETTINGS[args.one]["repeats"])))
         return 0
     results = []
     for name in args.models:
         child = subprocess.run(
-            [sys.executable, __file__, "--one", name, "--repeats", str(args.repeats)],
+            [sys.executable, __file__, "--one", name]
+            + (["--repeats", str(args.repeats)] if args.repeats else []),
             capture_output=True,
             text=True,
         )
