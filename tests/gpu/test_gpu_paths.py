@@ -193,3 +193,37 @@ def test_nccl_weight_sync(tmp_path: Path, mode: str) -> None:
         assert torch.load(out + ".rx")["digest"] == got["digest"]
     else:
         assert got["dropped"] == ["r1"] and got["members"] == []
+
+
+def test_vllm_colocated_sleeps_then_serves_the_updated_weights(tiny_model: Path) -> None:
+    """Colocated vLLM on a GPU (sleep mode): generate, sleep while training, wake the weights for
+    the update, then greedy output equals transformers' greedy output for the new weights."""
+    pytest.importorskip("vllm", reason="needs vLLM's CUDA build (pip install vllm) on the GPU machine")
+    from transformers import AutoModelForCausalLM
+
+    from rlhf_trainer.rollout.hf import HFRolloutEngine
+    from rlhf_trainer.rollout.vllm import VLLMRolloutEngine
+
+    engine = VLLMRolloutEngine.from_pretrained(
+        str(tiny_model),
+        dtype="float32",
+        device="cuda",
+        gpu_memory_utilization=0.2,
+        sleep_mode=True,
+        max_new_tokens=8,
+        temperature=1.0,
+    )
+    assert engine.sleep_mode
+    prompts = [[5, 6, 7], [8, 9]]
+    engine.generate(prompts)
+    engine.sleep()
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), torch_dtype=torch.float32).cuda()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    engine.load_weights(model.state_dict().items())
+    assert engine.asleep == {"kv_cache"}
+    got = engine.generate(prompts, greedy=True)
+    hf = HFRolloutEngine(model, engine.tokenizer, max_new_tokens=8, temperature=1.0)
+    want = hf.generate(prompts, greedy=True)
+    assert torch.equal(got.response_ids.cpu(), want.response_ids.cpu())

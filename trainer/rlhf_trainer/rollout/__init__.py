@@ -65,9 +65,14 @@ def build_engine(
     *,
     seed: int = 0,
     tokenizer_path: str | None = None,
+    colocated: bool = False,
 ) -> RolloutEngine:
-    """An engine for `rollout_spec` (a `spec.RolloutSpec`) loading the model at `model_path`."""
+    """An engine for `rollout_spec` (a `spec.RolloutSpec`) loading the model at `model_path`.
+    `colocated`: it shares its device with a training module (vllm on a GPU: sleep mode)."""
     cls = engine_class(rollout_spec.engine)
+    extras = _engine_extras(rollout_spec)
+    if colocated and rollout_spec.engine == "vllm":
+        extras["sleep_mode"] = True
     engine: RolloutEngine = cls.from_pretrained(
         model_path,
         tokenizer_path=tokenizer_path,
@@ -78,7 +83,7 @@ def build_engine(
         top_p=rollout_spec.top_p,
         top_k=rollout_spec.top_k,
         seed=seed,
-        **_engine_extras(rollout_spec),
+        **extras,
     )
     return engine
 

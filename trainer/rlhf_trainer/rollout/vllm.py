@@ -19,6 +19,13 @@ through vLLM's trainer-side `IPCTrainerWeightTransferEngine`, handing CUDA IPC h
 received tensors to vLLM's workers on the same GPU. With tensor parallelism over several GPUs
 (IPC handles are per GPU) it falls back to the in-place reload from /dev/shm, as on CPU.
 
+**Colocated on a GPU** (`sleep_mode`, NOT run here): the engine is built with
+`enable_sleep_mode=True` and sleeps (level 1: weights offloaded to host memory, KV cache dropped)
+while the actor trains on the same GPU (`sleep`); an update first wakes the weights only
+(`wake_up(tags=["weights"])`, so the KV cache is not reallocated beside the training state), and
+the next `generate` wakes the rest, as vLLM's sleep-mode guide describes. On CPU sleep does
+nothing (vLLM's CPU backend has no sleep mode), so `sleep_mode` is ignored there.
+
 Both: the prefix cache is reset after every update (cached KV was computed with the old
 weights); log-probs are the sampled tokens' (`logprobs=0`) in `processed_logprobs` mode (after
 temperature and top-k/top-p), the same quantity as the `hf` engine's.
@@ -92,6 +99,8 @@ class VLLMRolloutEngine:
         self._ipc_source: Any = None
         self.logprobs_are_processed = True
         self.weights_version = 0
+        self.sleep_mode = False  # set by `from_pretrained` on GPUs when asked
+        self.asleep: set[str] = set()  # what is offloaded or dropped: "weights", "kv_cache"
 
     @classmethod
     def from_pretrained(
@@ -105,11 +114,13 @@ class VLLMRolloutEngine:
         gpu_memory_utilization: float = 0.5,
         max_model_len: int | None = None,
         kv_cache_bytes: int | None = None,
+        sleep_mode: bool = False,
         **kwargs: Any,
     ) -> VLLMRolloutEngine:
         """`device` cpu (or no CUDA device present): the CPU backend; else CUDA GPUs.
         `kv_cache_bytes`: KV-cache budget on CPU (default `CPU_KV_CACHE_BYTES`, or
-        `VLLM_CPU_KVCACHE_SPACE` GiB when that is set)."""
+        `VLLM_CPU_KVCACHE_SPACE` GiB when that is set); `sleep_mode`: the engine shares its GPU
+        with a training module (colocated) and sleeps while it trains (GPU only)."""
         on_cpu = str(device).startswith("cpu") or not torch.cuda.is_available()
         if on_cpu:
             if tensor_parallel_size != 1:
@@ -150,6 +161,8 @@ class VLLMRolloutEngine:
             host_weights = _full_state_dict(model_path, dtype)
         else:
             llm_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            if sleep_mode:
+                llm_kwargs["enable_sleep_mode"] = True
             transfer = "ipc" if tensor_parallel_size == 1 else "reload"
             if transfer == "ipc":
                 llm_kwargs["weight_transfer_config"] = {"backend": "ipc"}
@@ -168,9 +181,25 @@ class VLLMRolloutEngine:
             weight_transfer=transfer,
             **kwargs,
         )
+        engine.sleep_mode = bool(sleep_mode) and not on_cpu
         if transfer == "ipc":
             engine._init_ipc()
         return engine
+
+    # -- sleep mode (colocated on a GPU) -------------------------------------------------------
+    def sleep(self) -> None:
+        """Free the GPU for training: weights to host memory, KV cache dropped. A no-op without
+        `sleep_mode` (CPU, or an engine with a GPU of its own)."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = {"weights", "kv_cache"}
+
+    def _wake(self, tags: set[str]) -> None:
+        """Bring back what `tags` names of what is asleep."""
+        wake = sorted(self.asleep & tags)
+        if wake:
+            self.llm.wake_up(tags=wake)
+            self.asleep -= set(wake)
 
     def set_seed(self, seed: int) -> None:
         """Reseed sampling: the same seed, weights and prompts give the same batch."""
@@ -191,6 +220,7 @@ class VLLMRolloutEngine:
         """Push new weights (Hugging Face parameter names, as in the model's `state_dict()`) into
         the running engine; returns how many were given. A partial update keeps the other weights;
         an unknown name or a wrong shape is an error (nothing is changed then)."""
+        self._wake({"weights"})  # the KV cache stays dropped until the next generate
         if self.weight_transfer == "ipc":
             loaded = self._push_ipc(named_tensors)
         else:
@@ -269,6 +299,7 @@ class VLLMRolloutEngine:
         for i, p in enumerate(prompt_ids):
             if len(p) == 0:
                 raise ValueError(f"generate: prompt {i} is empty (a prompt needs at least one token)")
+        self._wake({"weights", "kv_cache"})
         greedy = greedy or self.temperature <= 0
         # One seed per prompt (vLLM gives the n samples of a request seed, seed+1, ...), new each call.
         base = (self.seed * 1_000_003 + self._calls * 7_919 * max(1, len(prompt_ids) * n)) % 2**31

@@ -161,6 +161,7 @@ class ActorWorker(TrainableWorker):
                 self.device,
                 seed=self.spec.training.seed,
                 tokenizer_path=self.spec.model.tokenizer,
+                colocated=True,
             )
         model = (
             self.model
@@ -190,7 +191,11 @@ class ActorWorker(TrainableWorker):
 
         self.engine.set_seed(step_seed(self.spec.training.seed, step, self.rank, stream=1))
         with self.compute():  # one rank: samples from the fp32 training module in the compute dtype
-            return self.engine.generate(prompt_ids, n, greedy=greedy).to_dict()  # type: ignore[no-any-return]
+            out = self.engine.generate(prompt_ids, n, greedy=greedy).to_dict()
+        sleep = getattr(self.engine, "sleep", None)
+        if sleep is not None:  # vllm colocated on a GPU: its memory goes to training until the sync
+            sleep()
+        return out  # type: ignore[no-any-return]
 
     def sync_engine(self) -> None:
         """Copy the trained weights into the colocated engine (a collective when sharded). Every
