@@ -106,8 +106,11 @@ class PodCache:
                 return None
             return [copy.deepcopy(p) for _, p in sorted(self._pods.get(key, {}).items())]
 
-    def seed(self, namespace: str, job: str, listed: list[dict[str, Any]], list_version: str | None) -> None:
-        """Merge a LIST of the job's pods taken at `list_version` (see the module's docstring)."""
+    def seed(
+        self, namespace: str, job: str, listed: list[dict[str, Any]], list_version: str | None
+    ) -> list[dict[str, Any]]:
+        """Merge a LIST of the job's pods taken at `list_version` (see the module's docstring);
+        returns the job's pods after the merge (copies), whatever `relist_seconds` is."""
         key = (namespace, job)
         at = _rv({"metadata": {"resourceVersion": list_version}})
         with self._lock:
@@ -128,6 +131,7 @@ class PodCache:
             self._pods[key] = out
             self._deleted[key] = {}
             self._seeded[key] = self._clock()
+            return [copy.deepcopy(p) for _, p in sorted(out.items())]
 
     def forget(self, namespace: str, job: str) -> None:
         key = (namespace, job)

@@ -259,8 +259,10 @@ class Executor:
         if cached is not None:
             return cached
         listed, version = self.kube.list_pods_versioned(namespace, name)
-        self.pod_cache.seed(namespace, name, listed, version)
-        return self.pod_cache.pods(namespace, name) or []
+        # The merge itself, not a second read: with `relist_seconds` 0 (or a seed older than it by
+        # the time of that read) the read says "list again" (None), and `or []` made the pass see
+        # a job without pods (in Running: every gang pod "missing", a gang restart).
+        return self.pod_cache.seed(namespace, name, listed, version)
 
     def _autoscale(
         self, body: dict[str, Any], now: dt.datetime

@@ -422,3 +422,24 @@ def test_static_children_are_built_only_when_the_job_changed(monkeypatch: pytest
     run(ex, 4)
     assert len(built) > first
     assert "replicas: 3" in fake.objects[("ConfigMap", "j-spec")]["data"]["job.yaml"]
+
+
+def test_a_pass_sees_the_pods_it_just_listed_whatever_the_relist_period() -> None:
+    """`RLHF_OPERATOR_RELIST_SECONDS=0` (list on every pass): the pass must see the pods its own
+    LIST returned. It used to read the cache again after seeding it, which says "list again" at
+    once, and take that as no pods: a Running gang saw every pod missing and restarted."""
+    fake = WatchedKube(job())
+    pods = PodCache(relist_seconds=0)
+    ex = Executor(fake, pod_cache=pods)  # type: ignore[arg-type]
+    seen: dict[str, Any] = {}
+    run(ex)
+    fake.deliver(pods, seen)
+    fake.set_pods("Running")
+    fake.deliver(pods, seen)
+    run(ex, 1)
+    run(ex, 2)
+    assert fake.job is not None and fake.job["status"]["phase"] == "Running"
+    run(ex, 3)
+    assert fake.job["status"]["phase"] == "Running"
+    assert not fake.job["status"].get("restarts"), fake.job["status"]
+    assert not [e for e in fake.log if e.startswith("delete")], fake.log
