@@ -132,6 +132,31 @@ def test_a_rule_reading_an_absent_field_is_an_evaluation_error_as_on_the_server(
     assert errs and "no such key: nodePools" in errs[0], errs
 
 
+def test_a_wrongly_typed_field_blocks_the_cel_rules_as_on_the_server() -> None:
+    """The API server evaluates no CEL rule once the schema finds a wrong type (its hasBlockingErr):
+    a rule over `spec.rollout` would only fail to evaluate. `parse_job` now runs the CRD's checks
+    after the loader's own errors, so without this a wrong type came with CEL evaluation noise."""
+    from rlhf_trainer.spec import SpecError, parse_job
+
+    doc = base()
+    doc["spec"]["rollout"] = 5
+    errs = admission.admit(doc)[1]
+    assert errs[-1] == admission.RULES_NOT_CHECKED, errs
+    assert not any("evaluating rule" in e for e in errs), errs
+    with pytest.raises(SpecError) as err:
+        parse_job(doc)
+    assert err.value.errors[0].startswith("spec.rollout: expected a mapping"), err.value.errors
+    assert not any("evaluating rule" in e or "CELEvalError" in e for e in err.value.errors), err.value.errors
+    # A bound (not blocking) still lets the rules run: both kinds of violation are reported.
+    doc = base()
+    doc["spec"]["rollout"]["temperature"] = -1.0
+    doc["spec"]["roles"]["placement"] = "colocated"
+    doc["spec"]["rollout"]["maxStaleness"] = 1
+    errs = admission.admit(doc)[1]
+    assert any(e.startswith("spec.rollout.temperature") for e in errs), errs
+    assert any(e.startswith("spec.rollout.maxStaleness") for e in errs), errs
+
+
 def test_messages_name_the_value_and_what_is_valid(tmp_path: Path, capsys: Any) -> None:
     doc = base()
     doc["spec"]["roles"]["rollout"]["replicas"] = 9

@@ -281,24 +281,34 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def _structural(schema: dict[str, Any], value: Any, path: str, errs: list[str]) -> bool:
-    """Types, enums, bounds, patterns, sizes, required and unknown fields. False: stop descending."""
+def _structural(
+    schema: dict[str, Any], value: Any, path: str, errs: list[str], blocking: list[str] | None = None
+) -> bool:
+    """Types, enums, bounds, patterns, sizes, required and unknown fields. False: stop descending.
+    `blocking` gets the path of each violation after which the API server evaluates no CEL rule at
+    all (its `hasBlockingErr`: a wrong type, a required field missing, a value outside the enum,
+    a string, list or map too long)."""
+    blocked = blocking if blocking is not None else []
     if value is None:
         if not schema.get("nullable"):
             errs.append(
                 f"{path}: Invalid value: null: must be {_TYPE_WORDS.get(schema.get('type', ''), 'set')}"
             )
+            blocked.append(path)
         return False
     kind = schema.get("type")
     if kind and not _type_ok(kind, value):
         errs.append(f"{path}: Invalid value: {_show(value)}: must be {_TYPE_WORDS[kind]}")
+        blocked.append(path)
         return False
     if kind == "integer" and not -_INT64 <= value < _INT64:
         errs.append(f"{path}: Invalid value: {value}: must be a 64-bit integer")
+        blocked.append(path)
         return False
     if "enum" in schema and value not in schema["enum"]:
         choices = ", ".join(f'"{c}"' for c in schema["enum"])
         errs.append(f"{path}: Unsupported value: {_show(value)}: supported values: {choices}")
+        blocked.append(path)
     if kind in ("integer", "number"):
         low, high = schema.get("minimum"), schema.get("maximum")
         if low is not None and (value <= low if schema.get("exclusiveMinimum") else value < low):
@@ -316,18 +326,22 @@ def _structural(schema: dict[str, Any], value: Any, path: str, errs: list[str]) 
             errs.append(
                 f"{path}: Too long: may not be more than {schema['maxLength']} characters (has {len(value)})"
             )
+            blocked.append(path)
         if "pattern" in schema and not re.search(schema["pattern"], value):
             hint = schema.get("x-rlhf-valid")
             valid = f"valid: {hint}" if hint else f"must match {schema['pattern']}"
             errs.append(f"{path}: Invalid value: {_show(value)}: {valid}")
     if kind == "array" and "maxItems" in schema and len(value) > schema["maxItems"]:
         errs.append(f"{path}: Too many: {len(value)}: must have at most {schema['maxItems']} items")
+        blocked.append(path)
     if kind == "object":
         if "maxProperties" in schema and len(value) > schema["maxProperties"]:
             errs.append(f"{path}: Too many: {len(value)}: must have at most {schema['maxProperties']} items")
+            blocked.append(path)
         for key in schema.get("required", []):
             if key not in value:
                 errs.append(f"{_join(path, key)}: Required value")
+                blocked.append(_join(path, key))
         props = schema.get("properties")
         if (
             props is not None
@@ -465,8 +479,30 @@ def _eval_error(err: Exception) -> str:
     return f"no such key: {missing.group(1)}" if missing else text
 
 
-def _walk(schema: dict[str, Any], value: Any, old: Any, path: str, errs: list[str]) -> None:
-    if not _structural(schema, value, path, errs):
+#: Said when a blocking schema violation kept the CEL rules from being evaluated (the API server's
+#: words, without its `<nil>: Invalid value: "null": ` prefix).
+RULES_NOT_CHECKED = (
+    "some validation rules were not checked because the object was invalid; correct the existing "
+    "errors to complete validation"
+)
+
+
+def _walk(
+    schema: dict[str, Any],
+    value: Any,
+    old: Any,
+    path: str,
+    errs: list[str],
+    blocking: list[str] | None = None,
+    structure: bool = True,
+    rules: bool = True,
+) -> None:
+    """The schema's checks of `value` (`structure`) and its CEL rules (`rules`). `admit` runs
+    the rules in a pass of their own, only over an object without blocking violations."""
+    if structure:
+        if not _structural(schema, value, path, errs, blocking):
+            return
+    elif value is None:  # (nullable: the schema pass stopped here too)
         return
     kind = schema.get("type")
     if kind == "object" and isinstance(value, dict):
@@ -476,12 +512,15 @@ def _walk(schema: dict[str, Any], value: Any, old: Any, path: str, errs: list[st
         for key, item in value.items():
             sub = props.get(key, extra if isinstance(extra, dict) else None)
             if sub is not None:
-                _walk(sub, item, old_map.get(key, _ABSENT), _join(path, key), errs)
+                _walk(
+                    sub, item, old_map.get(key, _ABSENT), _join(path, key), errs, blocking, structure, rules
+                )
     elif kind == "array" and isinstance(value, list) and isinstance(schema.get("items"), dict):
         for i, item in enumerate(value):
             # Transition rules below an atomic list have no old value (the server's rule too).
-            _walk(schema["items"], item, _ABSENT, f"{path}[{i}]", errs)
-    _rules(schema, value, old, path, errs)
+            _walk(schema["items"], item, _ABSENT, f"{path}[{i}]", errs, blocking, structure, rules)
+    if rules:
+        _rules(schema, value, old, path, errs)
 
 
 def _metadata_errors(meta: Any) -> list[str]:
@@ -519,7 +558,14 @@ def admit(doc: dict[str, Any], old: dict[str, Any] | None = None) -> tuple[dict[
     if old is not None:
         old_body = {k: v for k, v in old.items() if k != "status"}
         previous = apply_defaults(schema, prune_nulls(schema, old_body))
-    _walk(schema, obj, previous, "", errs)
+    # As the API server: the schema first; its CEL rules only when no violation blocks them
+    # (a rule over a field of the wrong type would only fail to evaluate).
+    blocking: list[str] = []
+    _walk(schema, obj, previous, "", errs, blocking, rules=False)
+    if blocking:
+        errs.append(RULES_NOT_CHECKED)
+    else:
+        _walk(schema, obj, previous, "", errs, structure=False)
     return obj, errs
 
 

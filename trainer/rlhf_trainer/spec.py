@@ -2075,7 +2075,7 @@ def parse_job(doc: dict[str, Any], old: dict[str, Any] | None = None) -> RLTrain
         errs.append(f"apiVersion: {doc.get('apiVersion')!r} is not valid; expected {API_VERSION!r}")
     if doc.get("kind") != KIND:
         errs.append(f"kind: {doc.get('kind')!r} is not valid; expected {KIND!r}")
-    meta = doc.get("metadata") or {}
+    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
     name = meta.get("name")
     if not isinstance(name, str) or not re.match(DNS_LABEL_RE, name) or len(name) > 50:
         errs.append(
