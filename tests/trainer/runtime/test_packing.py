@@ -214,3 +214,30 @@ def test_a_ppo_job_with_a_token_budget_trains_as_the_padded_job(tiny_model, ray_
     padded, packed = firsts
     for key in ("actor/loss", "critic/loss", "actor/pg_loss", "critic/vf_loss"):
         assert key in packed and packed[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-6), key
+
+
+def test_packed_logits_pass_indices_only_to_logits_to_keep():
+    """transformers before `logits_to_keep` had `num_logits_to_keep: int` (the last N positions):
+    the packed forward must not hand it a tensor of indices (it computes every position instead)."""
+    from types import SimpleNamespace
+
+    seen: dict[str, object] = {}
+
+    class OldForward(torch.nn.Module):
+        def forward(
+            self, input_ids, attention_mask=None, position_ids=None, use_cache=None, num_logits_to_keep=0
+        ):
+            seen["keep"] = num_logits_to_keep
+            n = input_ids.shape[1]
+            return SimpleNamespace(logits=torch.arange(n * 3, dtype=torch.float32).view(1, n, 3))
+
+    packed = modeling.PackedRows(
+        input_ids=torch.tensor([[5, 6, 7, 8]]),
+        position_ids=torch.tensor([[0, 1, 0, 1]]),
+        source=torch.tensor([0, 2]),
+        rows=torch.tensor([0, 1]),
+        cols=torch.tensor([0, 0]),
+    )
+    logits = modeling.packed_response_logits(OldForward(), packed)
+    assert seen["keep"] == 0  # not given: the default, every position
+    assert torch.equal(logits, torch.tensor([[0.0, 1.0, 2.0], [6.0, 7.0, 8.0]]))

@@ -234,7 +234,10 @@ def pack_sequences(batch: dict[str, Tensor]) -> PackedRows:
 def packed_response_logits(model: nn.Module, packed: PackedRows) -> Tensor:
     """The fp32 logits of the packed positions that predict the valid response tokens, (n, V); the LM
     head runs on those positions alone where the forward takes `logits_to_keep` as indices."""
+    # Only transformers' `logits_to_keep` takes indices; the older `num_logits_to_keep` is an int
+    # (the last N positions: `hidden[:, -N:]`), which a tensor of indices would misuse.
     keep = _logits_to_keep_kwarg(model)
+    keep = keep if keep == "logits_to_keep" else None
     kwargs: dict[str, Any] = {keep: packed.source} if keep else {}
     logits = model(
         input_ids=packed.input_ids,
