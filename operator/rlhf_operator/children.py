@@ -363,6 +363,12 @@ def _gang_metadata(job: RLTrainingJob, role: str, kueue_group: str) -> tuple[dic
     sched = job.spec.scheduling
     if sched.queue_name:
         lab, ann = kueue.pod_metadata(sched.queue_name, role, kueue_group, gang_size(job.spec))
+    # The PodGroup's minMember is the gang without the rollout fleet (`gang_size`): a rollout pod
+    # in the group would count towards it, and the scheduler could admit the group with rollout
+    # pods bound and gang pods (an actor rank) left pending. Rollout pods schedule on their own,
+    # as with Kueue.
+    if role == "rollout":
+        return lab, ann
     if sched.pod_group == "scheduler-plugins":
         lab[labels.SCHEDULER_PLUGINS_POD_GROUP] = job.metadata_name
     elif sched.pod_group == "volcano":

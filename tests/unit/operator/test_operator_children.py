@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +12,8 @@ from operator_helpers import BASE_SPEC, job
 
 from rlhf_operator import children, kueue
 from rlhf_trainer.spec import parse_job, parse_spec, to_dict
+
+ELASTIC = Path(__file__).resolve().parents[3] / "manifests" / "examples" / "elastic.yaml"
 
 OWNER = {
     "apiVersion": "rlhf.dev/v1alpha1",
@@ -489,3 +492,24 @@ def test_static_children_order_role_before_binding_and_config_before_pods() -> N
 def test_a_role_pod_gives_ray_its_cpu_request_rounded_up(quantity: str, cpus: int) -> None:
     """Without a CPU limit Ray would count the node's cores (and start an idle worker per core)."""
     assert children.ray_cpus(quantity) == cpus
+
+
+@pytest.mark.parametrize("kind", ["scheduler-plugins", "volcano"])
+def test_the_pod_group_holds_exactly_min_member_pods_without_the_rollout_fleet(kind: str) -> None:
+    """minMember excludes the elastic rollout fleet (`gang_size`), so its pods must not be in the
+    group: counted towards minMember they would let the group start with a gang pod pending."""
+    doc = next(d for d in yaml.safe_load_all(ELASTIC.read_text()) if d and d.get("kind") == "RLTrainingJob")
+    doc["spec"].setdefault("scheduling", {})["podGroup"] = kind
+    parsed = parse_job(doc)
+    members = [
+        name
+        for name, pod in children.build_pods(parsed).items()
+        if {**(pod["metadata"].get("labels") or {}), **(pod["metadata"].get("annotations") or {})}.get(
+            "scheduling.x-k8s.io/pod-group" if kind == "scheduler-plugins" else "scheduling.k8s.io/group-name"
+        )
+    ]
+    pod_group = children.build_pod_group(parsed)
+    assert pod_group is not None
+    assert children.role_replicas(parsed.spec).get("rollout", 0) >= 1
+    assert len(members) == pod_group["spec"]["minMember"], members
+    assert not [m for m in members if "-rollout-" in m], members
