@@ -134,6 +134,12 @@ CREATE_CASES: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
         "spec.rollout.maxStaleness",
     ),
     (
+        "async rollouts with top-p",
+        "impossible",
+        both(setp("spec.rollout.topP", 0.9), setp("spec.rollout.maxStaleness", 1)),
+        "spec.rollout.maxStaleness",
+    ),
+    (
         "vLLM rollout without GPUs",
         "impossible",
         setp(f"{R}.rollout.resources.gpus", 0),

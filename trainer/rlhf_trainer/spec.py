@@ -1498,10 +1498,18 @@ class JobSpec:
             "share the actor's workers and cannot overlap training)",
             {
                 "fieldPath": ".rollout.maxStaleness",
-                "messageExpression": "'spec.rollout.maxStaleness: ' + string(self.rollout.maxStaleness) + "
-                "' needs spec.roles.placement: disaggregated (colocated rollouts run in the actor workers and "
-                "cannot overlap training); valid with colocated: 0'",
+                "messageExpression": "'spec.rollout.maxStaleness: ' + "
+                + cel_int("self.rollout.maxStaleness")
+                + " + ' needs spec.roles.placement: disaggregated (colocated rollouts run in the actor "
+                "workers and cannot overlap training); valid with colocated: 0'",
             },
+        ),
+        (
+            "self.rollout.maxStaleness == 0 || (self.rollout.topP == 1.0 && self.rollout.topK == 0)",
+            "spec.rollout.maxStaleness > 0 needs spec.rollout.topP: 1 and topK: 0 (the importance weight "
+            "compares the trainer's log-probs with the engine's, which top-p/top-k renormalise); "
+            "valid with topP < 1 or topK > 0: maxStaleness 0",
+            {"fieldPath": ".rollout.maxStaleness"},
         ),
         (
             "!(self.algorithm.name in ['grpo', 'rloo']) || has(self.algorithm.params.advantageEstimator)"
@@ -1617,6 +1625,13 @@ class JobSpec:
                 f"spec.rollout.maxStaleness: {self.rollout.max_staleness} needs spec.roles.placement: "
                 "disaggregated (colocated rollouts share the actor's workers and cannot overlap training); "
                 "valid with colocated: 0"
+            )
+        if self.rollout.max_staleness > 0 and (self.rollout.top_p != 1.0 or self.rollout.top_k != 0):
+            errs.append(
+                f"spec.rollout.maxStaleness: {self.rollout.max_staleness} needs spec.rollout.topP: 1 and "
+                f"topK: 0 (got topP {self.rollout.top_p}, topK {self.rollout.top_k}): the importance weight "
+                "compares the trainer's log-probs with the engine's, which top-p/top-k renormalise; "
+                "valid with topP < 1 or topK > 0: maxStaleness 0"
             )
         if self.failure_policy.max_backoff_seconds < self.failure_policy.backoff_seconds:
             errs.append("spec.failurePolicy.maxBackoffSeconds: must be >= backoffSeconds")
@@ -2075,7 +2090,8 @@ def parse_job(doc: dict[str, Any], old: dict[str, Any] | None = None) -> RLTrain
         errs.append(f"apiVersion: {doc.get('apiVersion')!r} is not valid; expected {API_VERSION!r}")
     if doc.get("kind") != KIND:
         errs.append(f"kind: {doc.get('kind')!r} is not valid; expected {KIND!r}")
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    raw_meta = doc.get("metadata")
+    meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
     name = meta.get("name")
     if not isinstance(name, str) or not re.match(DNS_LABEL_RE, name) or len(name) > 50:
         errs.append(
