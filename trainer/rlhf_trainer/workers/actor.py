@@ -190,8 +190,11 @@ class ActorWorker(TrainableWorker):
         from rlhf_trainer.workers.distributed import step_seed
 
         self.engine.set_seed(step_seed(self.spec.training.seed, step, self.rank, stream=1))
-        with self.compute():  # one rank: samples from the fp32 training module in the compute dtype
+        if hasattr(self.engine, "llm"):  # vLLM runs its own dtype: no autocast around its forward
             out = self.engine.generate(prompt_ids, n, greedy=greedy).to_dict()
+        else:
+            with self.compute():  # one rank: samples from the fp32 training module in the compute dtype
+                out = self.engine.generate(prompt_ids, n, greedy=greedy).to_dict()
         sleep = getattr(self.engine, "sleep", None)
         if sleep is not None:  # vllm colocated on a GPU: its memory goes to training until the sync
             sleep()
