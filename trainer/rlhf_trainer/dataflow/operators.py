@@ -90,13 +90,11 @@ class UpdateOperator:
     def __call__(self, batch: StepBatch | None) -> StepBatch:
         if batch is None:
             raise ValueError("UpdateOperator: nothing to train on (put it after a RolloutOperator)")
-        if len(batch) < len(self.ctx.actor):
-            batch.metrics["update/skipped"] = 1.0  # fewer samples than actor ranks: nothing sensible to do
-            return batch
+        if len(batch) < len(self.ctx.actor):  # fewer samples than actor ranks: nothing sensible to do
+            return phases.skip_update(self.ctx, batch)
         batch = self.prepare(batch)
         if len(batch) < len(self.ctx.actor):  # online DPO: too few pairs among the samples
-            batch.metrics["update/skipped"] = 1.0
-            return batch
+            return phases.skip_update(self.ctx, batch)
         with timed(batch.metrics, "update"):
             batch = phases.update_policy(self.ctx, batch, self.algorithm)
         return batch

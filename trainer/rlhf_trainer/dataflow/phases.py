@@ -367,6 +367,14 @@ def compute_advantages(ctx: TrainerContext, batch: StepBatch, algorithm: Any) ->
     return batch
 
 
+def skip_update(ctx: TrainerContext, batch: StepBatch) -> StepBatch:
+    """A step with nothing to train on (fewer samples than actor ranks, or online DPO without a
+    pair): no update, said in `update/skipped`; the policy version is reported unchanged."""
+    batch.metrics["update/skipped"] = 1.0
+    batch.metrics["actor/policy_version"] = float(ctx.policy_version)
+    return batch
+
+
 def update_policy(ctx: TrainerContext, batch: StepBatch, algorithm: Any) -> StepBatch:
     """One training step of the actor (and critic) on `batch`; the controller's algorithm then
     sees the step's metrics (`update_step`: adaptive KL)."""

@@ -170,6 +170,8 @@ class ConditionalUpdateOperator:
             self._merge_metrics(batch, name, part.metrics)
         if ctx is not None and trained:
             self._update(ctx, batch, trained)
+        elif ctx is not None:  # nothing to train on (online DPO without a pair): the policy stays
+            phases.skip_update(ctx, batch)
         return batch
 
     @staticmethod
