@@ -19,6 +19,8 @@ cd "$(dirname "$0")/.."
 
 log() { echo "==> [images] $*" >&2; }
 die() { echo "error: [images] $*" >&2; exit 1; }
+# Say where the script stopped (set -e would otherwise end it without a word).
+trap 'die "stopped at line $LINENO: $BASH_COMMAND"' ERR
 
 TARGETS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=(operator trainer-cpu)
@@ -89,7 +91,7 @@ for target in "${TARGETS[@]}"; do
   else
     # Disk first: a trainer archive is 6-7 GB and its build needs ~25 GB more. Older archives
     # beyond the $KEEP - 1 newest go now, and so does what an interrupted build left behind.
-    ls -1t "$OUT/$target-"*.tar 2>/dev/null | tail -n +"$KEEP" | xargs -r rm -f
+    { ls -1t "$OUT/$target-"*.tar 2>/dev/null || true; } | tail -n +"$KEEP" | xargs -r rm -f
     buildah rm --all >/dev/null 2>&1 || true
     log "$target: building $ref"
     t0=$(date +%s)
@@ -104,7 +106,7 @@ for target in "${TARGETS[@]}"; do
     log "$target: built in $(( t1 - t0 )) s, archived in $(( $(date +%s) - t1 )) s ($(du -h "$archive" | cut -f1))"
     # Keep the newest $KEEP archives of this target; buildah keeps only this version's image (its
     # layers stay the cache of the next build) and drops what no image uses any more.
-    ls -1t "$OUT/$target-"*.tar 2>/dev/null | tail -n +$((KEEP + 1)) | xargs -r rm -f
+    { ls -1t "$OUT/$target-"*.tar 2>/dev/null || true; } | tail -n +$((KEEP + 1)) | xargs -r rm -f
     buildah images --format '{{.Name}}:{{.Tag}}' 2>/dev/null | grep "^localhost/rlhf-operator/$target:" \
       | grep -v ":$hash\$" | xargs -r buildah rmi >/dev/null 2>&1 || true
     buildah rmi --prune >/dev/null 2>&1 || true
