@@ -39,7 +39,6 @@ log = logging.getLogger("rlhf_operator")
 #: Test hook: after this many pod creations the process hangs, so that a test can SIGKILL it in
 #: the middle of creating a job's children. Unset in production.
 _PAUSE_AFTER_CREATES = int(os.environ.get("RLHF_OPERATOR_PAUSE_AFTER_CREATES", "0"))
-_creates = 0
 
 
 #: Pod creations in flight at once, over all jobs (`rlhf operator` passes it to the Executor).
@@ -224,7 +223,7 @@ class Executor:
             metrics.PODS_DELETED.inc()
         attempted = bool(plan.create) and rejection is None
         if attempted:
-            done = create_all(self.kube.create, plan.create, self._create_pool, _created)
+            done = create_all(_test_pause_gate(self.kube.create), plan.create, self._create_pool, _created)
             if done.rejected is not None:  # reported below; the other pods would most likely fail too
                 rejection = _rejection(*done.rejected)
         if rejection is None and plan.blocked:
@@ -377,15 +376,30 @@ def _rejection(obj: dict[str, Any], err: kube.Rejected) -> failure_policy.Reject
 
 def _created() -> None:
     metrics.PODS_CREATED.inc()
-    _test_pause_hook()
 
 
-def _test_pause_hook() -> None:
-    global _creates
-    _creates += 1
-    if _PAUSE_AFTER_CREATES and _creates >= _PAUSE_AFTER_CREATES:
-        log.warning(
-            "RLHF_OPERATOR_PAUSE_AFTER_CREATES=%d reached: hanging until killed", _PAUSE_AFTER_CREATES
-        )
-        while True:
-            time.sleep(3600)
+_gate_lock = threading.Lock()
+_started_creates = 0
+
+
+def _test_pause_gate(create: Callable[[dict[str, Any]], bool]) -> Callable[[dict[str, Any]], bool]:
+    """`RLHF_OPERATOR_PAUSE_AFTER_CREATES=N` (tests of a killed operator): exactly N pods are
+    created, then every further create hangs until the process is killed. A gate before each
+    create, so that the creates running in parallel stop at the same count."""
+    if not _PAUSE_AFTER_CREATES:
+        return create
+
+    def gated(obj: dict[str, Any]) -> bool:
+        global _started_creates
+        with _gate_lock:
+            _started_creates += 1
+            over = _started_creates > _PAUSE_AFTER_CREATES
+        if over:
+            log.warning(
+                "RLHF_OPERATOR_PAUSE_AFTER_CREATES=%d reached: hanging until killed", _PAUSE_AFTER_CREATES
+            )
+            while True:
+                time.sleep(3600)
+        return create(obj)
+
+    return gated
