@@ -384,6 +384,12 @@ ENV_RAY_ADDRESS = _declare(
     "A Ray cluster to join instead of starting one (`rlhf run`, `rlhf controller`); Ray reads it too.",
     "user",
 )
+ENV_VLLM_CPU_KVCACHE_SPACE = _declare(
+    "VLLM_CPU_KVCACHE_SPACE",
+    "vLLM's KV-cache size on CPU, in GiB; when set, a CPU vllm engine uses it instead of its small "
+    "default budget (`rollout/vllm.py`).",
+    "user",
+)
 ENV_RAY_HEAD_TIMEOUT_S = _declare(
     "RLHF_RAY_HEAD_TIMEOUT_S",
     "Seconds `rlhf worker` waits for the Ray head to resolve and accept connections.",

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from rlhf_trainer import contract
 from rlhf_trainer.rollout.batch import RolloutBatch
 from rlhf_trainer.rollout.sampling import check_sampling_params
 
@@ -153,7 +154,7 @@ class VLLMRolloutEngine:
         if on_cpu:
             _check_cpu_head_size(model_path)
             llm_kwargs["enforce_eager"] = True
-            if kv_cache_bytes is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            if kv_cache_bytes is None and not contract.ENV_VLLM_CPU_KVCACHE_SPACE.get():
                 kv_cache_bytes = CPU_KV_CACHE_BYTES
             if kv_cache_bytes is not None:
                 llm_kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
