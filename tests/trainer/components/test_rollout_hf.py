@@ -92,6 +92,24 @@ def test_greedy_is_deterministic_and_seeded_sampling_reproducible(tiny_lm: tuple
     assert torch.allclose(first.log_probs, again.log_probs)
 
 
+@pytest.mark.parametrize("every", [2, 5, 8])
+def test_checking_for_the_stop_every_few_tokens_gives_the_same_batch(tiny_lm: tuple[Any, Any], every: int) -> None:
+    """On an accelerator the engine asks "has every row stopped?" only every few decode steps (a
+    host read waits for the device); the extra steps' columns are cut, so the batch is the one a
+    check after every token gives. Forced here on the CPU, with stop tokens that end every row
+    within a few steps."""
+    model, tok = tiny_lm
+    stops = list(range(model.config.vocab_size))[::2]  # half the vocabulary: rows stop quickly
+    prompts = _ids(tok, PROMPTS)
+    each = _engine(tiny_lm, max_new_tokens=16, seed=5, eos_token_ids=stops)
+    few = _engine(tiny_lm, max_new_tokens=16, seed=5, eos_token_ids=stops)
+    few.finish_check_every = every
+    a, b = each.generate(prompts, n=4), few.generate(prompts, n=4)
+    assert a.response_ids.shape[1] < 16  # every row stopped early: the cut is exercised
+    for key in ("response_ids", "response_mask", "log_probs", "finished"):
+        assert torch.equal(getattr(a, key), getattr(b, key)), key
+
+
 def test_left_padding_gives_the_same_greedy_output(tiny_lm: tuple[Any, Any]) -> None:
     _, tok = tiny_lm
     engine = _engine(tiny_lm, temperature=0.0, max_new_tokens=8, eos_token_ids=[])

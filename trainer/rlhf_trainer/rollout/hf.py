@@ -54,6 +54,10 @@ def _cache_of(out: Any) -> Any:
     return cache if cache is not None else out.past_key_values
 
 
+#: Decode steps between host reads of the stop flag on an accelerator (`finish_check_every`).
+FINISH_CHECK_EVERY = 8
+
+
 class HFRolloutEngine:
     """Sampling with KV cache from a `transformers` causal LM.
 
@@ -87,6 +91,10 @@ class HFRolloutEngine:
         self.pad_token_id = int(pad if pad is not None else min(self.eos_ids, default=0))
         self.device = next(model.parameters()).device
         self.generator = torch.Generator(device=self.device)
+        #: Decode steps between checks of "has every row stopped?". The check reads a flag back
+        #: to the host, which on an accelerator waits for every queued kernel: once per token it
+        #: would stall the GPU's queue each step. On the CPU the read costs nothing.
+        self.finish_check_every = 1 if self.device.type == "cpu" else FINISH_CHECK_EVERY
         self.set_seed(seed)
         self.weights_version = 0
         # transformers 5 renamed `past_key_values` to `cache` and `num_logits_to_keep` to
@@ -210,7 +218,9 @@ class HFRolloutEngine:
             lps.append(lp)
             alive.append((~finished).float())
             finished = finished | torch.isin(tok, eos)
-            if bool(finished.all()) or step == self.max_new_tokens - 1:
+            if step == self.max_new_tokens - 1:
+                break
+            if (step + 1) % self.finish_check_every == 0 and bool(finished.all()):
                 break
             attention = torch.cat([attention, torch.ones((b, 1), dtype=attention.dtype, device=dev)], dim=1)
             out = self.model(
@@ -223,9 +233,10 @@ class HFRolloutEngine:
             cache = _cache_of(out)
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
-        return (
-            torch.stack(toks, dim=1),  # (B, T)
-            torch.stack(lps, dim=1),  # (B, T)
-            torch.stack(alive, dim=1),  # (B, T)
-            finished,
-        )
+        tokens, logps, alive_mask = torch.stack(toks, 1), torch.stack(lps, 1), torch.stack(alive, 1)  # (B, T)
+        if self.finish_check_every > 1:
+            # Steps decoded after every row had stopped (between two checks) are columns of
+            # padding: cut, so the batch is what a check after every token gives.
+            width = int(alive_mask.any(0).nonzero().max()) + 1
+            tokens, logps, alive_mask = tokens[:, :width], logps[:, :width], alive_mask[:, :width]
+        return tokens, logps, alive_mask, finished
