@@ -93,7 +93,9 @@ def test_greedy_is_deterministic_and_seeded_sampling_reproducible(tiny_lm: tuple
 
 
 @pytest.mark.parametrize("every", [2, 5, 8])
-def test_checking_for_the_stop_every_few_tokens_gives_the_same_batch(tiny_lm: tuple[Any, Any], every: int) -> None:
+def test_checking_for_the_stop_every_few_tokens_gives_the_same_batch(
+    tiny_lm: tuple[Any, Any], every: int
+) -> None:
     """On an accelerator the engine asks "has every row stopped?" only every few decode steps (a
     host read waits for the device); the extra steps' columns are cut, so the batch is the one a
     check after every token gives. Forced here on the CPU, with stop tokens that end every row
