@@ -133,6 +133,55 @@ def run_project(model: Path, prompts: Path, a: argparse.Namespace) -> dict[str, 
 
 
 # --------------------------------------------------------------------------------------------
+# The floor: the same arithmetic with no trainer around it
+# --------------------------------------------------------------------------------------------
+
+
+def run_floor(model: Path, prompts: Path, a: argparse.Namespace) -> dict[str, Any]:
+    """What a step costs with nothing but its arithmetic, in this process: sample the batch with
+    the KV cache (the project's `hf` engine, a plain decode loop), one forward/backward of the
+    same loss over prompt + response (the GRPO surrogate at ratio 1: -advantage * log-prob,
+    token mean), one clipped AdamW step. No reward, no advantage bookkeeping, no processes.
+    Neither trainer can beat it by much: it is the bar for "near what the hardware allows"."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlhf_trainer.rollout.hf import HFRolloutEngine
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    policy = AutoModelForCausalLM.from_pretrained(model)
+    engine = HFRolloutEngine(policy, tokenizer, max_new_tokens=a.max_new_tokens, temperature=1.0, seed=0)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=a.lr, weight_decay=0.0)
+    rows = [json.loads(line) for line in prompts.read_text().splitlines() if line.strip()]
+    seconds = []
+    for step in range(a.steps):
+        chunk = rows[step * a.prompts : (step + 1) * a.prompts]
+        ids = [tokenizer(r["prompt"]).input_ids for r in chunk]
+        started = time.perf_counter()
+        out = engine.generate(ids, n=a.group)
+        tokens = torch.cat([out.prompt_ids, out.response_ids], 1)
+        mask = torch.cat([out.prompt_mask, out.response_mask.long()], 1)
+        width = out.response_ids.shape[1]
+        policy.train()
+        logits = policy(input_ids=tokens, attention_mask=mask).logits[:, -width - 1 : -1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, out.response_ids[..., None]).squeeze(-1)
+        advantages = torch.randn(len(tokens), 1)  # any advantages: the cost does not depend on them
+        loss = -(advantages * logp * out.response_mask).sum() / out.response_mask.sum().clamp(min=1)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        seconds.append(time.perf_counter() - started)
+    measured = seconds[a.warmup :]
+    return {
+        "samples/s": a.prompts * a.group * len(measured) / sum(measured),
+        "step s": sum(measured) / len(measured),
+    }
+
+
+# --------------------------------------------------------------------------------------------
 # TRL
 # --------------------------------------------------------------------------------------------
 
@@ -229,7 +278,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", type=int, default=8, help="responses per prompt (GRPO group)")
     parser.add_argument("--max-new-tokens", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--threads", type=int, default=2, help="intra-op torch threads per process")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="intra-op torch threads per process (default 1: on a small shared machine more threads "
+        "per process oversubscribe the cores and slow every contender, TRL's single process included)",
+    )
     a = parser.parse_args(argv)
     sizes = [s for s in a.sizes.split(",") if s]
     unknown = [s for s in sizes if s not in SIZES]
@@ -258,11 +313,17 @@ def main(argv: list[str] | None = None) -> int:
             model = make_model(size, out)
             project = run_project(model, prompts, a)
             peer = run_trl(model, prompts, a, out)
+            floor = run_floor(model, prompts, a)
             print(f"\n== {size}: {parameters(model) / 1e6:.1f}M parameters ({model})")
-            print(f"{'':28s}{'project':>12s}{'TRL':>12s}")
+            print(f"{'':28s}{'project':>12s}{'TRL':>12s}{'floor':>12s}")
             for key in ("samples/s", "step s", "wall s", "reward first", "reward last"):
-                print(f"{key:28s}{project[key]:>12.3f}{peer[key]:>12.3f}")
+                cells = [f"{r[key]:>12.3f}" if key in r else f"{'':>12s}" for r in (project, peer, floor)]
+                print(f"{key:28s}{''.join(cells)}")
             print(f"project / TRL samples/s: {project['samples/s'] / peer['samples/s']:.2f}")
+            print(
+                f"of the floor (the step's arithmetic alone, one process): project "
+                f"{project['samples/s'] / floor['samples/s']:.2f}, TRL {peer['samples/s'] / floor['samples/s']:.2f}"
+            )
             print(f"project old-log-prob pass skipped: {project['old-log-prob pass skipped']}")
             print("project share of step time per phase:")
             for phase, share in sorted(project["shares"].items(), key=lambda kv: -kv[1]):
