@@ -1,0 +1,336 @@
+"""The operator's Kueue support against Kueue's real controller manager (tests/cluster/kueue.py):
+its pod webhook gates the pods, its scheduler admits the job's pod group against a ClusterQueue's
+quota, and its pod controller finishes the group's Workload and releases the quota when the job
+ends. The pods are kwok's; the operator runs under the chart's RBAC (test_operator_e2e)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import kueue as kueue_harness
+import pytest
+from harness import Cluster, ClusterError, wait_for
+from test_operator_e2e import Api, grpo_job, installed, operator  # noqa: F401 (fixtures)
+
+from rlhf_operator.testing import OperatorProcess
+
+pytestmark = pytest.mark.cluster
+
+GROUP, VERSION = kueue_harness.API, kueue_harness.VERSION
+GATE = "kueue.x-k8s.io/admission"
+GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+QUEUE = "team"
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[kueue_harness.KueueProcess]:
+    why = kueue_harness.missing()
+    if why:
+        pytest.skip(why)
+    proc = kueue_harness.KueueProcess(cluster, tmp_path_factory.mktemp("kueue"))
+    try:
+        proc.start()
+    except ClusterError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+class Queues:
+    """The test's ResourceFlavor, ClusterQueue (only its namespace may use it) and LocalQueue."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        import kubernetes
+
+        self.cluster = cluster
+        self.ns = namespace
+        self.custom = kubernetes.client.CustomObjectsApi(cluster.admin())
+        self.flavor = f"{namespace}-flavor"
+        self.cq = f"{namespace}-cq"
+
+    def create(self, quota: dict[str, str]) -> None:
+        self.custom.create_cluster_custom_object(
+            GROUP, VERSION, "resourceflavors", {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceFlavor",
+                                                "metadata": {"name": self.flavor}},
+        )  # fmt: skip
+        self.custom.create_cluster_custom_object(
+            GROUP,
+            VERSION,
+            "clusterqueues",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "ClusterQueue",
+                "metadata": {"name": self.cq},
+                "spec": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.ns}},
+                    "resourceGroups": [self._group(quota)],
+                },
+            },
+        )
+        self.custom.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            self.ns,
+            "localqueues",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "LocalQueue",
+                "metadata": {"name": QUEUE},
+                "spec": {"clusterQueue": self.cq},
+            },
+        )
+        wait_for(
+            lambda: _true(self.local_queue(), "Active"),
+            timeout=30,
+            what=f"LocalQueue {self.ns}/{QUEUE} active",
+        )
+
+    def _group(self, quota: dict[str, str]) -> dict[str, Any]:
+        return {
+            "coveredResources": sorted(quota),
+            "flavors": [
+                {
+                    "name": self.flavor,
+                    "resources": [{"name": r, "nominalQuota": q} for r, q in sorted(quota.items())],
+                }
+            ],
+        }
+
+    def set_quota(self, quota: dict[str, str]) -> None:
+        self.custom.patch_cluster_custom_object(
+            GROUP, VERSION, "clusterqueues", self.cq, {"spec": {"resourceGroups": [self._group(quota)]}}
+        )
+
+    def cluster_queue(self) -> dict[str, Any]:
+        return self.custom.get_cluster_custom_object(GROUP, VERSION, "clusterqueues", self.cq)  # type: ignore[no-any-return]
+
+    def local_queue(self) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, "localqueues", QUEUE)  # type: ignore[no-any-return]
+
+    def usage(self) -> dict[str, Decimal]:
+        """The ClusterQueue's admitted usage by resource (its status.flavorsUsage)."""
+        from kubernetes.utils import parse_quantity
+
+        status = self.cluster_queue().get("status") or {}
+        return {
+            r["name"]: parse_quantity(r.get("total", "0"))
+            for f in status.get("flavorsUsage") or []
+            for r in f.get("resources") or []
+        }
+
+    def workloads(self) -> list[dict[str, Any]]:
+        return self.custom.list_namespaced_custom_object(GROUP, VERSION, self.ns, "workloads")["items"]  # type: ignore[no-any-return]
+
+    def delete(self) -> None:
+        for plural, name in (("clusterqueues", self.cq), ("resourceflavors", self.flavor)):
+            self.cluster.kubectl(
+                "delete", f"{plural}.{GROUP}", name, "--ignore-not-found", "--wait=false", check=False
+            )
+
+
+@pytest.fixture
+def queues(cluster: Cluster, kueue: kueue_harness.KueueProcess, namespace: str) -> Iterator[Queues]:
+    """The test's namespace under Kueue (labelled for its webhook and its namespace selector)."""
+    cluster.kubectl("label", "namespace", namespace, f"{kueue_harness.NAMESPACE_LABEL}=true")
+    _wait_webhook_gates(cluster, namespace)
+    q = Queues(cluster, namespace)
+    offset = kueue.log_size()
+    try:
+        yield q
+    finally:
+        # Jobs first (the operator releases their groups), then what Kueue's finalizers still hold.
+        cluster.kubectl("delete", "rltj", "--all", "-n", namespace, "--wait=false", check=False)
+        q.delete()
+        print(f"--- Kueue's log during the test ({kueue.log_path}):\n{kueue.log_since(offset)}")
+
+
+def _wait_webhook_gates(cluster: Cluster, namespace: str) -> None:
+    """Until Kueue's webhook gates a pod of the namespace (a server-side dry run: Kueue reads the
+    namespace's label from its cache, which follows the label a moment later)."""
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "kueue-probe",
+            "namespace": namespace,
+            "labels": {"kueue.x-k8s.io/queue-name": QUEUE},
+        },
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/probe:1"}]},
+    }
+
+    def gated() -> bool:
+        out = cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=json.dumps(probe))
+        gates = json.loads(out)["spec"].get("schedulingGates") or []
+        return any(g["name"] == GATE for g in gates)
+
+    wait_for(gated, timeout=30, interval=0.5, what=f"Kueue's webhook to gate pods in {namespace}")
+
+
+def _true(obj: dict[str, Any], type_: str) -> bool:
+    return any(
+        c["type"] == type_ and c["status"] == "True"
+        for c in (obj.get("status") or {}).get("conditions") or []
+    )
+
+
+def _condition(status: dict[str, Any], type_: str) -> tuple[str, str] | None:
+    c = next((c for c in status.get("conditions") or [] if c["type"] == type_), None)
+    return (c["status"], c["reason"]) if c else None
+
+
+def queued_job(name: str) -> dict[str, Any]:
+    """A small GRPO job in the LocalQueue: a gang of 4 pods (controller, 1 actor and 1 reference
+    with 8 GPUs each, a reward pod) and 1 rollout pod (4 GPUs). Two such jobs fit the pools; only
+    the ClusterQueue's quota keeps the second waiting."""
+    doc = grpo_job(
+        name,
+        scheduling={"queueName": QUEUE, "timeoutSeconds": 300, "onTimeout": "wait"},
+        autoscaling={"enabled": False},
+    )
+    roles = doc["spec"]["roles"]
+    roles["actor"]["replicas"] = 1
+    roles["rollout"].update(replicas=1, minReplicas=1, maxReplicas=2)
+    return doc
+
+
+def gang_and_fleet(api: Api, name: str) -> tuple[list[Any], list[Any]]:
+    pods = api.pods(name)
+    gang = [p for p in pods if p.metadata.labels.get("rlhf.dev/role") != "rollout"]
+    return gang, [p for p in pods if p.metadata.labels.get("rlhf.dev/role") == "rollout"]
+
+
+def is_gated(pod: Any) -> bool:
+    return any(g.name == GATE for g in pod.spec.scheduling_gates or [])
+
+
+def requests_of(pods: list[Any]) -> dict[str, Decimal]:
+    """What Kueue counts against the quota for these pods: each pod's effective request (the sum
+    of its containers', or its largest init container's when larger), summed."""
+    from kubernetes.utils import parse_quantity
+
+    total: dict[str, Decimal] = {}
+    for pod in pods:
+        main: dict[str, Decimal] = {}
+        for c in pod.spec.containers:
+            for r, q in ((c.resources and c.resources.requests) or {}).items():
+                main[r] = main.get(r, Decimal(0)) + parse_quantity(q)
+        for c in pod.spec.init_containers or []:
+            for r, q in ((c.resources and c.resources.requests) or {}).items():
+                main[r] = max(main.get(r, Decimal(0)), parse_quantity(q))
+        for r, q in main.items():
+            total[r] = total.get(r, Decimal(0)) + q
+    return total
+
+
+def quantity(resource: str, value: Decimal) -> str:
+    if resource == "cpu":
+        return f"{int(value * 1000)}m"
+    return str(int(value))
+
+
+def wait_pods(api: Api, name: str, count: int, what: str, check: Any, timeout: float = 90) -> list[Any]:
+    def ready() -> list[Any] | None:
+        pods = api.pods(name)
+        return pods if len(pods) == count and all(check(p) for p in pods) else None
+
+    return wait_for(ready, timeout=timeout, what=f"{count} pods of {name} {what}")  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_job_queued_behind_a_full_cluster_queue_runs_when_quota_frees(
+    cluster: Cluster,
+    namespace: str,
+    queues: Queues,
+    operator: OperatorProcess,  # noqa: F811
+) -> None:
+    api = Api(cluster, namespace)
+    resources = ["cpu", "memory", "nvidia.com/gpu"]
+    queues.create({r: "0" for r in resources})
+
+    # No quota: job A's pods exist, every one gated by Kueue's webhook; A reports Queued.
+    api.apply(queued_job("a"))
+    pods_a = wait_pods(api, "a", 5, "created, gated", is_gated)
+    status = wait_for(
+        lambda: _condition(s := api.status("a"), "Queued") == ("True", "WaitingForKueue") and s,
+        timeout=30,
+        what="job a Queued",
+    )
+    assert status["phase"] == "Scheduling", status
+    gang_a, fleet_a = gang_and_fleet(api, "a")
+    assert all(p.metadata.labels["kueue.x-k8s.io/managed"] == "true" for p in pods_a)
+    assert "kueue.x-k8s.io/managed" in pods_a[0].metadata.finalizers
+
+    # Kueue made one Workload of the gang (its pod group, counted whole) and one per rollout pod.
+    group = {p.metadata.labels[GROUP_LABEL] for p in gang_a}
+    assert len(group) == 1, group
+    workloads = wait_for(lambda: len(w := queues.workloads()) == 2 and w, timeout=30, what="2 Workloads of a")
+    by_name = {w["metadata"]["name"]: w for w in workloads}
+    gang_wl = by_name[next(iter(group))]
+    assert sum(ps["count"] for ps in gang_wl["spec"]["podSets"]) == len(gang_a) == 4
+    (rollout_wl,) = (w for n, w in by_name.items() if n not in group)
+    assert [o["name"] for o in rollout_wl["metadata"]["ownerReferences"]] == [fleet_a[0].metadata.name]
+
+    # Quota for exactly one job (all of A's pods); then A is admitted and runs.
+    need = requests_of(pods_a)
+    assert set(need) == set(resources), need
+    queues.set_quota({r: quantity(r, need[r]) for r in resources})
+    api.wait_phase("a", "Running", timeout=120)
+    assert not any(is_gated(p) for p in api.pods("a"))
+    assert _condition(api.status("a"), "Queued") == ("False", "Admitted")
+    wait_for(lambda: queues.usage() == need, timeout=30, what=f"ClusterQueue usage {need}")
+
+    # Job B waits behind the full ClusterQueue: Kueue keeps its Workloads pending, its pods gated.
+    api.apply(queued_job("b"))
+    wait_pods(api, "b", 5, "created, gated", is_gated)
+
+    def b_pending() -> bool:
+        wls = [w for w in queues.workloads() if w["metadata"]["name"] not in by_name]
+        return len(wls) == 2 and all(
+            _condition(w.get("status") or {}, "QuotaReserved") == ("False", "Pending") for w in wls
+        )
+
+    wait_for(b_pending, timeout=60, what="Kueue to find no quota for b's 2 Workloads")
+    cq = queues.cluster_queue()["status"]
+    assert (cq["admittedWorkloads"], cq["pendingWorkloads"]) == (2, 2), cq
+    status_b = api.status("b")
+    assert status_b["phase"] == "Scheduling" and _condition(status_b, "Queued") == ("True", "WaitingForKueue")
+    assert all(is_gated(p) for p in api.pods("b")) and api.status("a")["phase"] == "Running"
+
+    # A succeeds: the operator releases its group, Kueue finishes A's Workloads and admits B.
+    cluster.complete_pod("a-controller", namespace, outcome="succeeded")
+    api.wait_phase("a", "Succeeded")
+    api.wait_phase("b", "Running", timeout=120)
+    assert not any(is_gated(p) for p in api.pods("b"))
+    for name in by_name:
+        wl = queues.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "workloads", name)
+        assert _true(wl, "Finished"), (name, wl.get("status"))
+    # Kueue let A's pods go (its finalizers removed): only the succeeded controller pod is left.
+    wait_for(
+        lambda: [p.metadata.name for p in api.pods("a")] == ["a-controller"],
+        timeout=60,
+        what="a's workers gone",
+    )
+    assert not api.pods("a")[0].metadata.finalizers
+    wait_for(lambda: queues.usage() == need, timeout=30, what="ClusterQueue usage = b's")
+
+    # B succeeds: the ClusterQueue's usage returns to zero.
+    cluster.complete_pod("b-controller", namespace, outcome="succeeded")
+    api.wait_phase("b", "Succeeded")
+
+    def drained() -> bool:
+        st = queues.cluster_queue().get("status") or {}
+        return (
+            all(v == 0 for v in queues.usage().values())
+            and st.get("admittedWorkloads") == 0
+            and st.get("reservingWorkloads") == 0
+        )
+
+    wait_for(drained, timeout=60, what="ClusterQueue usage back to zero")
+    assert all(_true(w, "Finished") for w in queues.workloads())
