@@ -197,7 +197,7 @@ class KueueProcess:
                 )
             )
         )
-        self.install_crds(build / "crds", timeout=timeout)
+        self.install_crds(build / "crds", ca_bundle=ca, timeout=timeout)
         self.cluster.kubectl("create", "namespace", KUEUE_NAMESPACE, check=False)
         self._spawn(build / "manager", config, cert_dir)
         try:
@@ -257,12 +257,30 @@ class KueueProcess:
                 raise
             raise ClusterError(f"{exc}\n{self.log_tail()}") from exc
 
-    def install_crds(self, directory: Path, timeout: float) -> None:
-        files = sorted(directory.glob("*.yaml"))
-        for f in files:
+    def install_crds(self, directory: Path, *, ca_bundle: bytes, timeout: float) -> None:
+        """Kueue's CRDs as its module ships them, with its conversion webhook (`/convert`, as its
+        config/components/crd/patches add) on those that serve several versions."""
+        import base64
+
+        docs = []
+        for f in sorted(directory.glob("*.yaml")):
             doc = yaml.safe_load(f.read_text())
+            if len(doc["spec"]["versions"]) > 1:
+                doc["spec"]["conversion"] = {
+                    "strategy": "Webhook",
+                    "webhook": {
+                        "clientConfig": {
+                            "url": f"https://127.0.0.1:{self.webhook_port}/convert",
+                            "caBundle": base64.b64encode(ca_bundle).decode(),
+                        },
+                        "conversionReviewVersions": ["v1"],
+                    },
+                }
+            docs.append(doc)
             self.crds.append(doc["metadata"]["name"])
-        self.cluster.kubectl("apply", "--server-side", "--force-conflicts", *[f"-f={f}" for f in files])
+        self.cluster.kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(docs)
+        )
         jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
         for name in self.crds:
             wait_for(

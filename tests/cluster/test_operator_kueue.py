@@ -334,3 +334,48 @@ def test_a_job_queued_behind_a_full_cluster_queue_runs_when_quota_frees(
 
     wait_for(drained, timeout=60, what="ClusterQueue usage back to zero")
     assert all(_true(w, "Finished") for w in queues.workloads())
+
+
+def test_suspending_a_queued_job_frees_its_quota_and_resume_queues_it_again(
+    cluster: Cluster,
+    namespace: str,
+    queues: Queues,
+    operator: OperatorProcess,  # noqa: F811
+) -> None:
+    api = Api(cluster, namespace)
+    # Quota for one job, measured on a first job's pods (as in the test above, without the checks).
+    queues.create({r: "0" for r in ("cpu", "memory", "nvidia.com/gpu")})
+    api.apply(queued_job("a"))
+    need = requests_of(wait_pods(api, "a", 5, "created, gated", is_gated))
+    queues.set_quota({r: quantity(r, q) for r, q in need.items()})
+    api.wait_phase("a", "Running", timeout=120)
+    old_group = {p.metadata.labels.get(GROUP_LABEL) for p in gang_and_fleet(api, "a")[0]}
+    api.apply(queued_job("b"))
+    wait_pods(api, "b", 5, "created, gated", is_gated)
+
+    # Suspending A releases its pod group: Kueue finishes its Workloads and admits B.
+    cluster.kubectl("patch", "rltj", "a", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    api.wait_phase("a", "Suspended")
+    api.wait_phase("b", "Running", timeout=120)
+    wait_for(lambda: not api.pods("a"), timeout=60, what="a's pods gone (Kueue's finalizers removed)")
+
+    # Resumed, A is a new pod group that Kueue queues behind B; no restart is counted.
+    cluster.kubectl("patch", "rltj", "a", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    pods = wait_pods(api, "a", 5, "re-created, gated", is_gated)
+    new_group = {
+        p.metadata.labels.get(GROUP_LABEL) for p in pods if p.metadata.labels["rlhf.dev/role"] != "rollout"
+    }
+    assert len(new_group) == 1 and not new_group & old_group, (old_group, new_group)
+    status = wait_for(
+        lambda: _condition(s := api.status("a"), "Queued") == ("True", "WaitingForKueue") and s,
+        timeout=30,
+        what="job a Queued again",
+    )
+    assert status["restarts"] == 0 and status["phase"] == "Scheduling", status
+
+    # B succeeds: A's new group is admitted and runs.
+    cluster.complete_pod("b-controller", namespace, outcome="succeeded")
+    api.wait_phase("b", "Succeeded")
+    api.wait_phase("a", "Running", timeout=120)
+    assert api.status("a")["restarts"] == 0
+    wait_for(lambda: queues.usage() == need, timeout=30, what="ClusterQueue usage = a's")
