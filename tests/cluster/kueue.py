@@ -64,7 +64,8 @@ def missing() -> str | None:
     """Why Kueue cannot run here, or None."""
     d = build_dir()
     stamp = d / ".version"
-    if not (os.access(d / "manager", os.X_OK) and stamp.exists()):
+    files = [d / "webhooks.yaml", d / "crd-kustomization.yaml", d / "crds"]
+    if not (os.access(d / "manager", os.X_OK) and stamp.exists() and all(f.exists() for f in files)):
         return f"Kueue {pinned_version()} is not built in {d}: run `bash tests/cluster/build-kueue`"
     if shutil.which("openssl") is None:
         return "openssl is not installed (it makes the webhooks' certificates)"
@@ -258,14 +259,24 @@ class KueueProcess:
             raise ClusterError(f"{exc}\n{self.log_tail()}") from exc
 
     def install_crds(self, directory: Path, *, ca_bundle: bytes, timeout: float) -> None:
-        """Kueue's CRDs as its module ships them, with its conversion webhook (`/convert`, as its
-        config/components/crd/patches add) on those that serve several versions."""
+        """Kueue's CRDs as its module ships them, with its conversion webhook (`/convert`) on those
+        its kustomization (config/components/crd) patches with one."""
         import base64
 
+        # The CRDs Kueue's kustomization patches with `webhook_in_<plural>.yaml` (not all that
+        # serve two versions: ResourceFlavor has no conversion).
+        kustomization = yaml.safe_load((directory.parent / "crd-kustomization.yaml").read_text())
+        converted = {
+            m.group(1) + "." + API
+            for patch in kustomization.get("patches") or []
+            if (m := re.fullmatch(r"patches/webhook_in_(\w+)\.yaml", patch.get("path", "")))
+        }
+        if not converted:
+            raise ClusterError(f"no conversion patches in {directory.parent / 'crd-kustomization.yaml'}")
         docs = []
         for f in sorted(directory.glob("*.yaml")):
             doc = yaml.safe_load(f.read_text())
-            if len(doc["spec"]["versions"]) > 1:
+            if doc["metadata"]["name"] in converted:
                 doc["spec"]["conversion"] = {
                     "strategy": "Webhook",
                     "webhook": {

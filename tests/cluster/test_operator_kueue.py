@@ -183,6 +183,11 @@ def _condition(status: dict[str, Any], type_: str) -> tuple[str, str] | None:
     return (c["status"], c["reason"]) if c else None
 
 
+def _counts(cq: dict[str, Any]) -> tuple[int, int]:
+    st = cq.get("status") or {}
+    return int(st.get("admittedWorkloads") or 0), int(st.get("pendingWorkloads") or 0)
+
+
 def queued_job(name: str) -> dict[str, Any]:
     """A small GRPO job in the LocalQueue: a gang of 4 pods (controller, 1 actor and 1 reference
     with 8 GPUs each, a reward pod) and 1 rollout pod (4 GPUs). Two such jobs fit the pools; only
@@ -297,8 +302,11 @@ def test_a_job_queued_behind_a_full_cluster_queue_runs_when_quota_frees(
         )
 
     wait_for(b_pending, timeout=60, what="Kueue to find no quota for b's 2 Workloads")
-    cq = queues.cluster_queue()["status"]
-    assert (cq["admittedWorkloads"], cq["pendingWorkloads"]) == (2, 2), cq
+    wait_for(
+        lambda: _counts(queues.cluster_queue()) == (2, 2),
+        timeout=30,
+        what="ClusterQueue: 2 admitted Workloads (a's), 2 pending (b's)",
+    )
     status_b = api.status("b")
     assert status_b["phase"] == "Scheduling" and _condition(status_b, "Queued") == ("True", "WaitingForKueue")
     assert all(is_gated(p) for p in api.pods("b")) and api.status("a")["phase"] == "Running"
@@ -308,9 +316,11 @@ def test_a_job_queued_behind_a_full_cluster_queue_runs_when_quota_frees(
     api.wait_phase("a", "Succeeded")
     api.wait_phase("b", "Running", timeout=120)
     assert not any(is_gated(p) for p in api.pods("b"))
-    for name in by_name:
-        wl = queues.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "workloads", name)
-        assert _true(wl, "Finished"), (name, wl.get("status"))
+    # A's group Workload is Finished (kept while its succeeded controller pod is); the rollout
+    # pod's is Finished too, or already gone with its pod (the pod owns it).
+    left = {w["metadata"]["name"]: w for w in queues.workloads() if w["metadata"]["name"] in by_name}
+    assert gang_wl["metadata"]["name"] in left
+    assert all(_true(w, "Finished") for w in left.values()), {n: w.get("status") for n, w in left.items()}
     # Kueue let A's pods go (its finalizers removed): only the succeeded controller pod is left.
     wait_for(
         lambda: [p.metadata.name for p in api.pods("a")] == ["a-controller"],
@@ -379,3 +389,49 @@ def test_suspending_a_queued_job_frees_its_quota_and_resume_queues_it_again(
     api.wait_phase("a", "Running", timeout=120)
     assert api.status("a")["restarts"] == 0
     wait_for(lambda: queues.usage() == need, timeout=30, what="ClusterQueue usage = a's")
+
+
+def test_a_rollout_scale_up_past_the_quota_waits_gated_while_the_job_runs(
+    cluster: Cluster,
+    namespace: str,
+    queues: Queues,
+    operator: OperatorProcess,  # noqa: F811
+) -> None:
+    api = Api(cluster, namespace)
+    queues.create({r: "0" for r in ("cpu", "memory", "nvidia.com/gpu")})
+    api.apply(queued_job("a"))
+    pods = wait_pods(api, "a", 5, "created, gated", is_gated)
+    need = requests_of(pods)
+    queues.set_quota({r: quantity(r, q) for r, q in need.items()})
+    api.wait_phase("a", "Running", timeout=120)
+    gang_wl = {p.metadata.labels[GROUP_LABEL] for p in gang_and_fleet(api, "a")[0]}
+
+    # One more rollout pod: Kueue admits it on its own, so it waits (gated) for quota; the gang's
+    # group and its count do not change, and the job keeps running.
+    cluster.kubectl("scale", "rltj", "a", "-n", namespace, "--replicas=2")
+    new = wait_for(
+        lambda: next((p for p in api.pods("a") if p.metadata.name == "a-rollout-1"), None),
+        timeout=30,
+        what="a-rollout-1 created",
+    )
+    assert is_gated(new) and GROUP_LABEL not in new.metadata.labels
+    wait_for(
+        lambda: (
+            len(queues.workloads()) == 3 and queues.cluster_queue()["status"].get("pendingWorkloads") == 1
+        ),
+        timeout=60,
+        what="a-rollout-1's Workload pending",
+    )
+    gang, fleet = gang_and_fleet(api, "a")
+    assert {p.metadata.labels[GROUP_LABEL] for p in gang} == gang_wl
+    assert {p.metadata.annotations["kueue.x-k8s.io/pod-group-total-count"] for p in gang} == {"4"}
+    assert api.status("a")["phase"] == "Running" and is_gated(
+        next(p for p in fleet if p.metadata.name == "a-rollout-1")
+    )
+
+    # Quota for one more rollout pod: it is admitted and runs.
+    more = requests_of([new])
+    queues.set_quota({r: quantity(r, q + more.get(r, 0)) for r, q in need.items()})
+    cluster.wait_pod_phase("a-rollout-1", namespace, "Running", timeout=60)
+    wait_for(lambda: api.status("a")["rollout"]["ready"] == 2, timeout=60, what="2 rollout replicas ready")
+    assert api.status("a")["phase"] == "Running"
