@@ -37,8 +37,15 @@ for controllers that create pods themselves:
   its last resume) gets its own group name, and the old group is released as above. A restart
   therefore queues again in Kueue, like a new job.
 
-Not tested against a real Kueue controller here (the unit tests drive `reconcile.plan` with the
-pods Kueue's webhook and controller would produce: gates, `TerminationTarget`, deletions).
+Tested against Kueue's real controller manager (v0.17.0, built from the Go module proxy, its `pod`
+integration only) on the kwok test cluster, `tests/cluster/test_operator_kueue.py`: a job behind a
+full ClusterQueue stays gated and `Queued`, its group is one Workload of the gang's size and each
+rollout pod one of its own, the quota is released when the job succeeds or is suspended and the
+next job is admitted, a resumed job queues again as a new group without a restart, a job Kueue
+preempts for one of higher priority is suspended and queues again as a new group (no restart),
+and a rollout scale-up past the quota waits gated while the job runs. A gang restart under Kueue
+is covered by the unit tests, which drive `reconcile.plan` with the pods Kueue's webhook and
+controller produce (gates, `TerminationTarget`, deletions).
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ class Queues:
         self.flavor = f"{namespace}-flavor"
         self.cq = f"{namespace}-cq"
 
-    def create(self, quota: dict[str, str]) -> None:
+    def create(self, quota: dict[str, str], within_queue: str = "Never") -> None:
+        """within_queue: the ClusterQueue's preemption.withinClusterQueue."""
         self.custom.create_cluster_custom_object(
             GROUP, VERSION, "resourceflavors", {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceFlavor",
                                                 "metadata": {"name": self.flavor}},
@@ -69,6 +70,7 @@ class Queues:
                 "spec": {
                     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.ns}},
                     "resourceGroups": [self._group(quota)],
+                    "preemption": {"withinClusterQueue": within_queue},
                 },
             },
         )
@@ -209,6 +211,17 @@ def gang_and_fleet(api: Api, name: str) -> tuple[list[Any], list[Any]]:
     return gang, [p for p in pods if p.metadata.labels.get("rlhf.dev/role") == "rollout"]
 
 
+def kueue_warnings(api: Api) -> list[tuple[str, str, str]]:
+    """Warning Events Kueue posted in the namespace (what it found wrong with the pods it manages:
+    a group it cannot compose, excess pods, ...): (object, reason, message)."""
+    out = []
+    for e in api.core.list_namespaced_event(api.ns).items:
+        component = (e.source and e.source.component) or e.reporting_component or ""
+        if e.type == "Warning" and "kueue" in component:
+            out.append((e.involved_object.name, e.reason, e.message))
+    return out
+
+
 def is_gated(pod: Any) -> bool:
     return any(g.name == GATE for g in pod.spec.scheduling_gates or [])
 
@@ -344,6 +357,7 @@ def test_a_job_queued_behind_a_full_cluster_queue_runs_when_quota_frees(
 
     wait_for(drained, timeout=60, what="ClusterQueue usage back to zero")
     assert all(_true(w, "Finished") for w in queues.workloads())
+    assert kueue_warnings(api) == []
 
 
 def test_suspending_a_queued_job_frees_its_quota_and_resume_queues_it_again(
@@ -389,6 +403,7 @@ def test_suspending_a_queued_job_frees_its_quota_and_resume_queues_it_again(
     api.wait_phase("a", "Running", timeout=120)
     assert api.status("a")["restarts"] == 0
     wait_for(lambda: queues.usage() == need, timeout=30, what="ClusterQueue usage = a's")
+    assert kueue_warnings(api) == []
 
 
 def test_a_rollout_scale_up_past_the_quota_waits_gated_while_the_job_runs(
@@ -435,3 +450,78 @@ def test_a_rollout_scale_up_past_the_quota_waits_gated_while_the_job_runs(
     cluster.wait_pod_phase("a-rollout-1", namespace, "Running", timeout=60)
     wait_for(lambda: api.status("a")["rollout"]["ready"] == 2, timeout=60, what="2 rollout replicas ready")
     assert api.status("a")["phase"] == "Running"
+
+
+@pytest.fixture
+def priorities(cluster: Cluster, namespace: str) -> Iterator[dict[str, str]]:
+    """Two PriorityClasses (Kueue takes a pod's as its Workload's priority), deleted afterwards."""
+    names = {"low": f"{namespace}-low", "high": f"{namespace}-high"}
+    for level, value in (("low", 100), ("high", 1000)):
+        doc = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": names[level]},
+            "value": value,
+            "preemptionPolicy": "Never",  # the scheduler preempts nothing; only Kueue does
+        }
+        cluster.kubectl("create", "-f", "-", input=json.dumps(doc))
+    try:
+        yield names
+    finally:
+        cluster.kubectl("delete", "priorityclass", *names.values(), "--ignore-not-found", check=False)
+
+
+def test_kueue_preemption_suspends_the_job_and_it_queues_again_as_a_new_group(
+    cluster: Cluster,
+    namespace: str,
+    queues: Queues,
+    priorities: dict[str, str],
+    operator: OperatorProcess,  # noqa: F811
+) -> None:
+    api = Api(cluster, namespace)
+    queues.create({r: "0" for r in ("cpu", "memory", "nvidia.com/gpu")}, within_queue="LowerPriority")
+
+    def job(name: str, level: str) -> dict[str, Any]:
+        doc = queued_job(name)
+        doc["spec"]["scheduling"]["priorityClassName"] = priorities[level]
+        return doc
+
+    api.apply(job("low", "low"))
+    need = requests_of(wait_pods(api, "low", 5, "created, gated", is_gated))
+    queues.set_quota({r: quantity(r, q) for r, q in need.items()})
+    api.wait_phase("low", "Running", timeout=120)
+    old_group = {p.metadata.labels.get(GROUP_LABEL) for p in gang_and_fleet(api, "low")[0]}
+
+    # A job of higher priority: Kueue evicts the low one (TerminationTarget, then deletes its
+    # pods); the operator counts no restart and re-creates the gang as a new group, queued.
+    api.apply(job("high", "high"))
+    api.wait_phase("high", "Running", timeout=180)
+    pods = wait_pods(
+        api,
+        "low",
+        5,
+        "re-created, gated",
+        lambda p: is_gated(p) and not p.metadata.deletion_timestamp,
+        timeout=120,
+    )
+    new_group = {
+        p.metadata.labels.get(GROUP_LABEL) for p in pods if p.metadata.labels["rlhf.dev/role"] != "rollout"
+    }
+    assert len(new_group) == 1 and not new_group & old_group, (old_group, new_group)
+    status = wait_for(
+        lambda: _condition(s := api.status("low"), "Queued") == ("True", "WaitingForKueue") and s,
+        timeout=30,
+        what="job low Queued again",
+    )
+    assert status["restarts"] == 0 and status["phase"] == "Scheduling", status
+    reasons = {
+        e.reason
+        for e in api.core.list_namespaced_event(namespace, field_selector="involvedObject.name=low").items
+    }
+    assert "StoppedByKueue" in reasons and "GangRestart" not in reasons, reasons
+
+    # The high job done, the low one is admitted again and runs.
+    cluster.complete_pod("high-controller", namespace, outcome="succeeded")
+    api.wait_phase("high", "Succeeded")
+    api.wait_phase("low", "Running", timeout=120)
+    assert api.status("low")["restarts"] == 0
