@@ -124,3 +124,23 @@ def to_release(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 RELEASE_PATCH = {"metadata": {"annotations": {RETRIABLE_IN_GROUP: "false"}}}
+
+
+def maybe_orphaned(pod: dict[str, Any]) -> bool:
+    """A pod of a Kueue pod group being deleted and not released: released by its job's reconcile
+    when the job lives, else by `orphaned` (cheap: decides from the pod alone whether the job is
+    worth reading)."""
+    return bool(group_of(pod)) and not released(pod) and bool(_meta(pod).get("deletionTimestamp"))
+
+
+def orphaned(pod: dict[str, Any], job: dict[str, Any] | None) -> bool:
+    """True when `pod` (see `maybe_orphaned`) outlived its job: `job` is the job of its name now,
+    None when there is none; one with another UID (recreated) or being deleted does not own it
+    any more. Nothing else will release the group: the job's reconcile is over."""
+    if not maybe_orphaned(pod):
+        return False
+    if job is None:
+        return True
+    meta = job.get("metadata") or {}
+    owners = {r.get("uid") for r in _meta(pod).get("ownerReferences") or [] if r.get("kind") == labels.KIND}
+    return meta.get("uid") not in owners or bool(meta.get("deletionTimestamp"))
