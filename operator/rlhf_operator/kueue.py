@@ -29,7 +29,10 @@ for controllers that create pods themselves:
   `kueue.x-k8s.io/retriable-in-group: "false"`; until then it holds the quota and keeps a
   finalizer on the pods, waiting for replacements. The operator deletes the workers when the
   controller pod succeeds, so they never all succeed: every pod of a group the operator tears
-  down (success, failure, suspension, Kueue's stop, a gang restart) is annotated first.
+  down (success, failure, suspension, Kueue's stop, a gang restart) is annotated first. A job
+  deleted (or its namespace) has no pass left to do it: its pods are deleted by the garbage
+  collector, and the operator's pod watch annotates each group pod being deleted whose job is gone
+  (`orphaned`); without that Kueue kept them Terminating and their quota held for good.
 * **A new group per incarnation.** Pod names are stable (`<job>-<role>-<i>`, their DNS names),
   so a replacement can only be created once its predecessor is gone, and Kueue removes its
   finalizer only from a pod that has a replacement. A gang that came back under the same group
@@ -40,12 +43,12 @@ for controllers that create pods themselves:
 Tested against Kueue's real controller manager (v0.17.0, built from the Go module proxy, its `pod`
 integration only) on the kwok test cluster, `tests/cluster/test_operator_kueue.py`: a job behind a
 full ClusterQueue stays gated and `Queued`, its group is one Workload of the gang's size and each
-rollout pod one of its own, the quota is released when the job succeeds or is suspended and the
-next job is admitted, a resumed job queues again as a new group without a restart, a job Kueue
-preempts for one of higher priority is suspended and queues again as a new group (no restart),
-and a rollout scale-up past the quota waits gated while the job runs. A gang restart under Kueue
-is covered by the unit tests, which drive `reconcile.plan` with the pods Kueue's webhook and
-controller produce (gates, `TerminationTarget`, deletions).
+rollout pod one of its own, the quota is released when the job succeeds, is suspended or is
+deleted and the next job is admitted, a resumed job queues again as a new group without a
+restart, a job Kueue preempts for one of higher priority is suspended and queues again as a new
+group (no restart), and a rollout scale-up past the quota waits gated while the job runs. A gang
+restart under Kueue is covered by the unit tests, which drive `reconcile.plan` with the pods
+Kueue's webhook and controller produce (gates, `TerminationTarget`, deletions).
 """
 
 from __future__ import annotations

@@ -211,16 +211,34 @@ def gang_and_fleet(api: Api, name: str) -> tuple[list[Any], list[Any]]:
     return gang, [p for p in pods if p.metadata.labels.get("rlhf.dev/role") == "rollout"]
 
 
+#: Kueue's Warning while a group's pods are still being created (it reconciles the group on each
+#: pod's creation, before the last one exists); after that it would mean pods went missing.
+COMPOSING = "group has fewer runnable pods than expected"
+
+
+def _kueue_events(api: Api) -> list[Any]:
+    return [
+        e
+        for e in api.core.list_namespaced_event(api.ns).items
+        if e.type == "Warning"
+        and "kueue" in ((e.source and e.source.component) or e.reporting_component or "")
+    ]
+
+
 def kueue_warnings(api: Api) -> list[tuple[str, str, str]]:
     """Warning Events Kueue posted in the namespace (what it found wrong with the pods it manages:
-    a group it cannot compose, excess pods, ...): (object, reason, message)."""
-    out = []
-    for e in api.core.list_namespaced_event(api.ns).items:
-        component = (e.source and e.source.component) or e.reporting_component or ""
-        # "Pending": a Workload waits for quota, as the tests intend.
-        if e.type == "Warning" and "kueue" in component and e.reason != "Pending":
-            out.append((e.involved_object.name, e.reason, e.message))
-    return sorted(out)
+    a group it cannot compose, excess pods, ...): (object, reason, message). Not "Pending" (a
+    Workload waits for quota, as the tests intend) nor `COMPOSING` (see `composing_notices`)."""
+    return sorted(
+        (e.involved_object.name, e.reason, e.message)
+        for e in _kueue_events(api)
+        if e.reason != "Pending" and not (e.reason == "ErrWorkloadCompose" and COMPOSING in e.message)
+    )
+
+
+def composing_notices(api: Api, group: str) -> int:
+    """How many times Kueue said the group `group` had fewer pods than its count."""
+    return sum(e.count or 1 for e in _kueue_events(api) if f"'{group}' {COMPOSING}" in (e.message or ""))
 
 
 def is_gated(pod: Any) -> bool:
@@ -294,6 +312,7 @@ def test_a_job_queued_behind_a_full_cluster_queue_runs_when_quota_frees(
     gang_wl = by_name[next(iter(group))]
     assert sum(ps["count"] for ps in gang_wl["spec"]["podSets"]) == len(gang_a) == 4
     (rollout_wl,) = (w for n, w in by_name.items() if n not in group)
+    composing = composing_notices(api, next(iter(group)))  # while its pods were being created
     assert [o["name"] for o in rollout_wl["metadata"]["ownerReferences"]] == [fleet_a[0].metadata.name]
 
     # Quota for exactly one job (all of A's pods); then A is admitted and runs.
@@ -358,6 +377,8 @@ def test_a_job_queued_behind_a_full_cluster_queue_runs_when_quota_frees(
 
     wait_for(drained, timeout=60, what="ClusterQueue usage back to zero")
     assert all(_true(w, "Finished") for w in queues.workloads())
+    # Not once more since its Workload existed: releasing it lost no pod from Kueue's view.
+    assert composing_notices(api, next(iter(group))) == composing
     warnings = kueue_warnings(api)
     assert warnings == [], "\n".join(map(str, warnings))
 
