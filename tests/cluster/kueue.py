@@ -27,6 +27,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -198,10 +199,10 @@ class KueueProcess:
                 )
             )
         )
-        self.install_crds(build / "crds", ca_bundle=ca, timeout=timeout)
-        self.cluster.kubectl("create", "namespace", KUEUE_NAMESPACE, check=False)
-        self._spawn(build / "manager", config, cert_dir)
         try:
+            self.install_crds(build / "crds", ca_bundle=ca, timeout=timeout)
+            self.cluster.kubectl("create", "namespace", KUEUE_NAMESPACE, check=False)
+            self._spawn(build / "manager", config, cert_dir)
             self.wait_ready(timeout)
             manifests = [d for d in yaml.safe_load_all((build / "webhooks.yaml").read_text()) if d]
             docs = webhook_configurations(manifests, port=self.webhook_port, ca_bundle=ca)
@@ -243,20 +244,21 @@ class KueueProcess:
             )
 
     def wait_ready(self, timeout: float) -> None:
-        """Until the manager's /readyz answers ok (its webhook server listens with its certificate)."""
-
-        def ready() -> bool:
+        """Until the manager's /readyz answers ok (its webhook server listens with its certificate);
+        ClusterError, with the log's tail, when it exits or after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while True:
             if self.proc is not None and self.proc.poll() is not None:
-                raise ClusterError(f"Kueue's manager exited with {self.proc.returncode}:\n{self.log_tail()}")
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as r:
-                return bool(r.status == 200)
-
-        try:
-            wait_for(ready, timeout=timeout, interval=0.5, what="Kueue's manager /readyz")
-        except ClusterError as exc:
-            if "exited" in str(exc):
-                raise
-            raise ClusterError(f"{exc}\n{self.log_tail()}") from exc
+                raise ClusterError(f"Kueue's manager exited with {self.proc.returncode}\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise ClusterError(f"Kueue's manager not ready after {timeout:.0f} s\n{self.log_tail()}")
+            time.sleep(0.5)
 
     def install_crds(self, directory: Path, *, ca_bundle: bytes, timeout: float) -> None:
         """Kueue's CRDs as its module ships them, with its conversion webhook (`/convert`) on those
