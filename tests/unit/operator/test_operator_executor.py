@@ -443,3 +443,48 @@ def test_a_pass_sees_the_pods_it_just_listed_whatever_the_relist_period() -> Non
     assert fake.job["status"]["phase"] == "Running"
     assert not fake.job["status"].get("restarts"), fake.job["status"]
     assert not [e for e in fake.log if e.startswith("delete")], fake.log
+
+
+def _queued_pods_of_a_deleted_job() -> tuple[FakeKube, list[dict[str, Any]]]:
+    """A queued job's pods, created by a pass, then the job deleted and its pods being deleted by
+    the garbage collector (as `kubectl delete rltj` does)."""
+    fake = FakeKube(job(scheduling={"queueName": "team-a"}))
+    run(Executor(fake))  # type: ignore[arg-type]
+    assert fake.job is not None
+    uid = fake.job["metadata"]["uid"]
+    for (kind, _), o in fake.objects.items():
+        if kind == "Pod":
+            o["metadata"]["ownerReferences"] = [{"kind": "RLTrainingJob", "name": "j", "uid": uid}]
+            o["metadata"]["deletionTimestamp"] = "2025-01-01T12:00:00Z"
+    fake.job = None
+    return fake, [copy.deepcopy(o) for (k, _), o in sorted(fake.objects.items()) if k == "Pod"]
+
+
+def test_the_pod_groups_of_a_deleted_job_are_released() -> None:
+    """Kueue holds a group's quota and its pods (its finalizer) until the group ends; pods the
+    garbage collector deletes never all succeed, so the operator releases them though the job is
+    gone (seen on Kueue v0.17: the pods stayed Terminating and the quota held)."""
+    fake, pods = _queued_pods_of_a_deleted_job()
+    ex = Executor(fake)  # type: ignore[arg-type]
+    for pod in pods:
+        ex.release_orphan(pod)
+    released = sorted(n for (k, n), o in fake.objects.items() if k == "Pod" and kueue.released(o))
+    assert released == ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0"]  # the gang, not rollout
+    fake.log.clear()
+    for pod in [o for (k, _), o in sorted(fake.objects.items()) if k == "Pod"]:
+        ex.release_orphan(copy.deepcopy(pod))  # each once: nothing left to do
+    assert fake.log == []
+
+
+def test_pods_of_a_live_job_are_left_to_its_reconcile() -> None:
+    fake, pods = _queued_pods_of_a_deleted_job()
+    fake.job = job(scheduling={"queueName": "team-a"})  # the job still exists (same UID)
+    ex = Executor(fake)  # type: ignore[arg-type]
+    for pod in pods:
+        ex.release_orphan(pod)
+    assert not any(kueue.released(o) for (k, _), o in fake.objects.items() if k == "Pod")
+    # A job recreated under the same name is another job: the old pods are orphans.
+    fake.job["metadata"]["uid"] = "uid-recreated"
+    for pod in pods:
+        ex.release_orphan(pod)
+    assert sum(kueue.released(o) for (k, _), o in fake.objects.items() if k == "Pod") == 4

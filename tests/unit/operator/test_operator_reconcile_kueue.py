@@ -1,6 +1,7 @@
 """Kueue's plain-pod protocol, driven through the pure `reconcile.plan` with the pods Kueue's
 webhook and controller would produce (its admission gate, its `TerminationTarget` condition and
-deletions). Written against Kueue's documented contract (`rlhf_operator.kueue`); no Kueue runs here."""
+deletions). Written against Kueue's documented contract (`rlhf_operator.kueue`); no Kueue runs here
+(tests/cluster/test_operator_kueue.py runs Kueue's real controller)."""
 
 from __future__ import annotations
 
