@@ -132,6 +132,7 @@ class Executor:
         prometheus_url_prefixes: Sequence[str] = (),
         pod_cache: cache.PodCache | None = None,
         create_workers: int = 1,
+        installed_rules: jobs.InstalledRules | None = None,
     ) -> None:
         self.kube = client
         #: Template of the controller's /metrics URL for the autoscaler's direct scrape.
@@ -144,6 +145,8 @@ class Executor:
         self._ensured: dict[tuple[str, str], tuple[str, str, str]] = {}
         #: The watch-fed pods of each job (None: list them on every pass).
         self.pod_cache = pod_cache
+        #: Whether the API server enforces the CRD's rules (None: evaluate them on every parse).
+        self.installed_rules = installed_rules
         #: Pods of a pass are created this many at once (shared by every job's passes).
         self._create_pool = (
             ThreadPoolExecutor(create_workers, thread_name_prefix="rlhf-create")
@@ -193,11 +196,12 @@ class Executor:
         ):
             self.forget(namespace, name, uid)
             return Outcome(gone=True)
-        body, autoscale_after, scaled, autoscaled = self._autoscale(body, now)
+        admitted = self.installed_rules is not None and self.installed_rules.enforced()
+        body, autoscale_after, scaled, autoscaled = self._autoscale(body, now, admitted)
         if scaled:  # spec changed: the next pass (at once) reconciles the new count from a fresh read
             return Outcome(requeue_after=0.0, phase=(body.get("status") or {}).get("phase"))
         pods = self._pods(namespace, name)
-        plan = reconcile.plan(body, pods, now)
+        plan = reconcile.plan(body, pods, now, admitted)
         if autoscale_after is not None:
             plan.requeue(autoscale_after)
         rejection: failure_policy.Rejection | None = None
@@ -264,7 +268,7 @@ class Executor:
         return self.pod_cache.seed(namespace, name, listed, version)
 
     def _autoscale(
-        self, body: dict[str, Any], now: dt.datetime
+        self, body: dict[str, Any], now: dt.datetime, admitted: bool = False
     ) -> tuple[dict[str, Any], float | None, bool, dict[str, Any] | None]:
         """The autoscaler's I/O around `autoscaler` (pure): returns the job as last written, when
         to look again (None: autoscaling is off), whether `/scale` was written, and the status
@@ -272,7 +276,7 @@ class Executor:
         instead of two; a condition it sets, or a `/scale`, is written at once)."""
         status = body.get("status") or {}
         try:
-            job = jobs.parse(body)
+            job = jobs.parse(body, admitted)
         except SpecError:
             return body, None, False, None  # reconcile.plan reports it
         if not autoscaler.enabled(job, status.get("phase")):

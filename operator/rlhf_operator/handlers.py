@@ -29,7 +29,7 @@ from typing import Any
 
 import kopf
 
-from rlhf_operator import autoscaler, cache, kube
+from rlhf_operator import autoscaler, cache, crd, jobs, kube
 from rlhf_operator.executor import CREATE_WORKERS, Executor
 from rlhf_operator.labels import FINALIZER, GROUP, JOB_NAME, PLURAL, VERSION
 
@@ -57,12 +57,17 @@ def _get_executor() -> Executor:
     if _executor is None:
         url = os.environ.get(CONTROLLER_METRICS_URL_ENV) or autoscaler.DEFAULT_CONTROLLER_METRICS_URL
         prefixes = autoscaler.prometheus_url_prefixes(os.environ)
+        client = kube.Kube()
         _executor = Executor(
-            kube.Kube(),
+            client,
             controller_metrics_url=url,
             prometheus_url_prefixes=prefixes,
             pod_cache=_pods,
             create_workers=CREATE_WORKERS,
+            installed_rules=jobs.InstalledRules(
+                lambda: client.crd_annotations(crd.CRD_NAME),
+                recheck_seconds=float(os.environ.get("RLHF_OPERATOR_CRD_RECHECK_SECONDS", "60")),
+            ),
         )
     return _executor
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from operator_helpers import at, job, merge_patch
 
-from rlhf_operator import kube, kueue
+from rlhf_operator import crd, jobs, kube, kueue
 from rlhf_operator.cache import PodCache
 from rlhf_operator.executor import Executor
 
@@ -443,3 +446,48 @@ def test_a_pass_sees_the_pods_it_just_listed_whatever_the_relist_period() -> Non
     assert fake.job["status"]["phase"] == "Running"
     assert not fake.job["status"].get("restarts"), fake.job["status"]
     assert not [e for e in fake.log if e.startswith("delete")], fake.log
+
+
+@pytest.mark.parametrize("digest_matches", [True, False])
+def test_the_crd_rules_are_left_to_the_api_server_only_when_it_runs_this_operators_crd(
+    digest_matches: bool,
+) -> None:
+    """A job the CRD's CEL rules refuse (PPO without a critic) can only exist when the installed CRD
+    lacks the rule: with this operator's CRD installed the operator trusts the server's admission
+    and creates the job's pods; with another CRD (digest differs) it evaluates every rule itself
+    and fails the job, as before."""
+    jobs.clear()
+    digest = crd.expected_schema_digest() if digest_matches else "sha256:" + "1" * 64
+    rules = jobs.InstalledRules(lambda: {crd.SCHEMA_DIGEST_ANNOTATION: digest})
+    fake = FakeKube(job(algorithm={"name": "ppo"}))
+    out = run(Executor(fake, installed_rules=rules))  # type: ignore[arg-type]
+    assert fake.job is not None
+    if digest_matches:
+        assert out.invalid is None
+        assert any(e.startswith("create Pod") for e in fake.log)
+    else:
+        assert out.invalid and "critic" in out.invalid
+        assert fake.job["status"]["phase"] == "Failed"
+        assert not any(e.startswith("create Pod") for e in fake.log)
+
+
+def test_an_operator_that_trusts_the_api_server_never_imports_the_cel_interpreter() -> None:
+    """The CEL interpreter (cel-python and its parser, lark) is most of the operator's peak memory;
+    with this operator's CRD installed, a whole pass must run without it."""
+    code = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from operator_helpers import job
+from test_operator_executor import FakeKube
+from rlhf_operator import crd, jobs
+from rlhf_operator.executor import Executor
+rules = jobs.InstalledRules(lambda: {crd.SCHEMA_DIGEST_ANNOTATION: crd.expected_schema_digest()})
+fake = FakeKube(job())
+Executor(fake, installed_rules=rules).reconcile("ns", "j")
+assert any(e.startswith("create Pod") for e in fake.log), fake.log
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("celpy", "lark")))
+"""
+    here = str(Path(__file__).parent)
+    res = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
