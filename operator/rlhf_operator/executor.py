@@ -5,6 +5,7 @@ Synchronous and free of kopf, so tests drive it with a real API server or a fake
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import hashlib
 import json
@@ -43,6 +44,8 @@ _PAUSE_AFTER_CREATES = int(os.environ.get("RLHF_OPERATOR_PAUSE_AFTER_CREATES", "
 
 #: Pod creations in flight at once, over all jobs (`rlhf operator` passes it to the Executor).
 CREATE_WORKERS = int(os.environ.get("RLHF_OPERATOR_CREATE_WORKERS", "8"))
+#: resourceVersions of its own status writes the executor remembers per job (`own_write`).
+OWN_WRITES_KEPT = 8
 
 
 @dataclass
@@ -147,6 +150,9 @@ class Executor:
         self.pod_cache = pod_cache
         #: Whether the API server enforces the CRD's rules (None: evaluate them on every parse).
         self.installed_rules = installed_rules
+        #: Per job, the resourceVersions its passes' status writes produced (`own_write`).
+        self._own_writes: dict[tuple[str, str], collections.deque[str]] = {}
+        self._own_lock = threading.Lock()
         #: Pods of a pass are created this many at once (shared by every job's passes).
         self._create_pool = (
             ThreadPoolExecutor(create_workers, thread_name_prefix="rlhf-create")
@@ -160,11 +166,36 @@ class Executor:
         no longer count a deleted job."""
         key = (namespace, name)
         jobs.forget(namespace, name, uid)
+        with self._own_lock:
+            self._own_writes.pop(key, None)
         if uid is None or self._ensured.get(key, ("",))[0] == uid:
             self._ensured.pop(key, None)
             if self.pod_cache is not None:
                 self.pod_cache.forget(namespace, name)
         metrics.forget_job(namespace, name, uid)
+
+    def own_write(self, namespace: str, name: str, resource_version: str | None) -> bool:
+        """Whether the job at `resource_version` is what one of this executor's status writes made
+        of it. Its watch event then tells a pass nothing it did not know: the write is conditional
+        on the resourceVersion the pass read (so nobody else's change is folded in), and what it
+        wrote is what the pass computed. The operator does not wake the job's daemon for it."""
+        if not resource_version:
+            return False
+        with self._own_lock:
+            return resource_version in self._own_writes.get((namespace, name), ())
+
+    def _patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """`kube.patch_status`, remembering the resourceVersion it produced (`own_write`)."""
+        out = self.kube.patch_status(body, status)
+        meta = (out or {}).get("metadata") or {}
+        version = meta.get("resourceVersion")
+        if version:
+            key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+            with self._own_lock:
+                self._own_writes.setdefault(key, collections.deque(maxlen=OWN_WRITES_KEPT)).append(
+                    str(version)
+                )
+        return out
 
     def reconcile(
         self, namespace: str, name: str, now: dt.datetime | None = None, uid: str | None = None
@@ -210,7 +241,7 @@ class Executor:
         old = reconcile.operator_status(body.get("status") or {})
         if old != reconcile.operator_status(plan.status) or autoscaled:
             # One write for the pass and the autoscaler. Conflict: computed from a stale view; retry.
-            body = self.kube.patch_status(body, {**plan.status, **(autoscaled or {})})
+            body = self._patch_status(body, {**plan.status, **(autoscaled or {})})
         for pod in plan.release:  # before the deletions: Kueue finishes the group once they stop
             try:
                 self.kube.patch_metadata(pod, kueue.RELEASE_PATCH["metadata"])
@@ -234,7 +265,7 @@ class Executor:
             rejection = plan.blocked[0]
         report = reconcile.report_children(plan.status, rejection, attempted, now)
         if report.status is not None:
-            body = self.kube.patch_status(body, report.status)
+            body = self._patch_status(body, report.status)
             plan.status.update(report.status)
         plan.events.extend(report.events)
         if report.requeue_after is not None:
@@ -301,7 +332,7 @@ class Executor:
             return body, period, False, patch
         if conditions is not None:
             patch["conditions"] = conditions
-        body = self.kube.patch_status(body, patch)
+        body = self._patch_status(body, patch)
         metrics.AUTOSCALE_DECISIONS.labels(ev.decision.direction).inc()
         ns, name = job.namespace, job.metadata_name
         if refused is not None and conditions is not None:

@@ -106,7 +106,14 @@ def jobs_probe(**_: Any) -> int:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def job_event(name: str | None, namespace: str | None, **_: Any) -> None:
+async def job_event(
+    name: str | None, namespace: str | None, meta: kopf.Meta, type: str | None, **_: Any
+) -> None:
+    own = _executor is not None and _executor.own_write(
+        namespace or "", name or "", meta.get("resourceVersion")
+    )
+    if own and type != "DELETED":
+        return  # the echo of a pass's own status write: that pass knew all it says
     _wake_job(namespace, name)
 
 

@@ -491,3 +491,59 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("celpy", "lark")))
     res = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
+
+
+def test_a_pass_right_after_a_status_write_has_nothing_to_do() -> None:
+    """The operator does not wake a job's daemon for the watch event of the daemon's own status
+    write (`Executor.own_write`). That is only sound if such a pass never has anything to do,
+    unless the pass that wrote also created, deleted or patched pods (their watch events wake
+    the daemon) or asked to run again at once. A job walked through creation, scheduling, a gang
+    restart, suspend, resume and success, with a pass on the echo of every other write."""
+    fake = FakeKube(job())
+    ex = Executor(fake)  # type: ignore[arg-type]
+    echoes = 0
+
+    def step(t: float) -> None:
+        nonlocal echoes
+        assert fake.job is not None
+        version, start = fake.job["metadata"]["resourceVersion"], len(fake.log)
+        out = run(ex, t)
+        touched_pods = any(
+            e.split()[:2] in (["create", "Pod"], ["delete", "Pod"], ["annotate", "Pod"])
+            for e in fake.log[start:]
+        )
+        if fake.job is None or fake.job["metadata"]["resourceVersion"] == version:
+            return
+        assert ex.own_write("ns", "j", fake.job["metadata"]["resourceVersion"])
+        if touched_pods or out.requeue_after == 0:
+            return
+        before = list(fake.log)
+        run(ex, t)  # the echo: the same job, the same pods, the same time
+        assert fake.log == before, f"the echo of a write at t={t} made {fake.log[len(before) :]}"
+        echoes += 1
+
+    step(0)
+    fake.set_pods("Pending")
+    step(1)
+    fake.set_pods("Running")
+    step(2)
+    fake.objects[("Pod", "j-actor-1")]["status"] = {"phase": "Failed", "reason": "Error"}
+    step(3)  # gang restart: pods deleted, backoff
+    for t in (4, 20, 40):
+        step(t)
+    fake.set_pods("Running")
+    step(60)
+    assert fake.job is not None and fake.job["status"]["phase"] == "Running"
+    fake.job["spec"]["suspend"] = True
+    step(61)
+    fake.objects = {k: v for k, v in fake.objects.items() if k[0] != "Pod"}  # the kubelet stopped them
+    step(62)
+    fake.job["spec"]["suspend"] = False
+    step(63)
+    fake.set_pods("Running")
+    step(64)
+    fake.objects[("Pod", "j-controller")]["status"] = {"phase": "Succeeded"}
+    step(65)
+    assert fake.job is not None and fake.job["status"]["phase"] == "Succeeded"
+    assert echoes >= 4  # the check above ran (most writes here come with pod changes)
+    assert not ex.own_write("ns", "j", "someone else's")

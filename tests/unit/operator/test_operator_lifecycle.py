@@ -3,8 +3,10 @@ operator), the daemon of a deleted or recreated job stops, and the operator's me
 
 from __future__ import annotations
 
+import asyncio
 import copy
 
+import pytest
 from operator_helpers import job
 from test_operator_executor import FakeKube, run
 
@@ -64,3 +66,27 @@ def test_a_stopped_daemon_forgets_its_job_but_not_a_recreated_one() -> None:
     assert metrics.jobs_by_phase()["Pending"] == before["Pending"] + 1
     ex.forget("ns", "j", "uid-2")
     assert metrics.jobs_by_phase() == before
+
+
+def test_the_echo_of_the_operators_own_status_write_wakes_no_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlhf_operator import handlers
+
+    fake = FakeKube(job())
+    ex = Executor(fake)  # type: ignore[arg-type]
+    run(ex)
+    assert fake.job is not None
+    mine = fake.job["metadata"]["resourceVersion"]
+    monkeypatch.setattr(handlers, "_executor", ex)
+    wake = asyncio.Event()
+    monkeypatch.setitem(handlers._wake, ("ns", "j"), {"uid": wake})
+
+    def event(version: str, type_: str = "MODIFIED") -> bool:
+        wake.clear()
+        asyncio.run(
+            handlers.job_event(name="j", namespace="ns", meta={"resourceVersion": version}, type=type_)
+        )
+        return wake.is_set()
+
+    assert not event(mine)
+    assert event(str(int(mine) + 1))  # someone else's write (kubectl, the controller pod)
+    assert event(mine, "DELETED")
