@@ -375,32 +375,51 @@ class Executor:
             self._ensured[key] = (uid, source, digest)
             return None
         token = secrets.token_urlsafe(32)
-        for obj in children.build_static_children(job, token=token):
-            try:
-                created = self.kube.create(obj)
-            except LookupError as err:  # e.g. the PodGroup CRD of the chosen gang scheduler is absent
-                raise kube.Retry(f"cannot create {obj['kind']} {obj['metadata']['name']}: {err}", 30) from err
-            except kube.Rejected as err:
-                return _rejection(obj, err)
-            if created or obj["kind"] == "Secret":
-                # The operator may not read Secrets; the Secret's name carries the job's UID, so no
-                # Secret can have held it before the job existed (see contract.ray_token_secret_name).
-                continue
-            existing = self.kube.get(obj)
-            if existing is None:  # deleted since: the next pass creates it
-                raise kube.Retry(f"{obj['kind']} {obj['metadata']['name']} vanished while being ensured", 1)
-            if not ownership.owned_by(existing, uid):
-                log.warning(
-                    "%s %s/%s is not owned by job uid %s",
-                    obj["kind"],
-                    job.namespace,
-                    obj["metadata"]["name"],
-                    uid,
-                )
-                return ownership.not_owned(existing, uid)
-            if obj["kind"] == "ConfigMap":
-                self.kube.merge_patch(obj, {"data": obj["data"]})
+        wanted = children.build_static_children(job, token=token)
+        # Independent objects (none needs another to exist first): ensured at once on the create
+        # pool (a first pass used to wait for seven round trips in a row), the first problem in
+        # their order reported; one at a time without a pool, stopping at the first problem.
+        if self._create_pool is None:
+            found = []
+            for obj in wanted:
+                found.append(self._ensure_one(obj, job.namespace, uid))
+                if found[-1] is not None:
+                    break
+        else:
+            futures = [self._create_pool.submit(self._ensure_one, obj, job.namespace, uid) for obj in wanted]
+            errors = [f.exception() for f in futures]  # waits for every one
+            error = next((e for e in errors if e is not None), None)
+            if error is not None:
+                raise error
+            found = [f.result() for f in futures]
+        problem = next((p for p in found if p is not None), None)
+        if problem is not None:
+            return problem
         self._ensured[key] = (uid, source, digest)
+        return None
+
+    def _ensure_one(self, obj: dict[str, Any], namespace: str, uid: str) -> failure_policy.Rejection | None:
+        """Create-if-absent one static child (see `_ensure_static`)."""
+        try:
+            created = self.kube.create(obj)
+        except LookupError as err:  # e.g. the PodGroup CRD of the chosen gang scheduler is absent
+            raise kube.Retry(f"cannot create {obj['kind']} {obj['metadata']['name']}: {err}", 30) from err
+        except kube.Rejected as err:
+            return _rejection(obj, err)
+        if created or obj["kind"] == "Secret":
+            # The operator may not read Secrets; the Secret's name carries the job's UID, so no
+            # Secret can have held it before the job existed (see contract.ray_token_secret_name).
+            return None
+        existing = self.kube.get(obj)
+        if existing is None:  # deleted since: the next pass creates it
+            raise kube.Retry(f"{obj['kind']} {obj['metadata']['name']} vanished while being ensured", 1)
+        if not ownership.owned_by(existing, uid):
+            log.warning(
+                "%s %s/%s is not owned by job uid %s", obj["kind"], namespace, obj["metadata"]["name"], uid
+            )
+            return ownership.not_owned(existing, uid)
+        if obj["kind"] == "ConfigMap":
+            self.kube.merge_patch(obj, {"data": obj["data"]})
         return None
 
 

@@ -269,10 +269,24 @@ def test_a_pass_before_the_watch_showed_new_pods_creates_no_duplicate() -> None:
     assert sum(1 for e in fake.log if e.startswith("create Pod")) == created
 
 
-def test_parallel_creation_creates_every_pod_once() -> None:
+def test_parallel_creation_creates_every_child_and_pod_once() -> None:
     fake = FakeKube(job())
     ex = Executor(fake, create_workers=4)  # type: ignore[arg-type]
     run(ex)
+    static = [e for e in fake.log if e.startswith("create") and not e.startswith("create Pod")]
+    assert sorted(static) == sorted(
+        f"create {k}"
+        for k in (
+            "ServiceAccount j",
+            "Role j",
+            "RoleBinding j",
+            "Secret j-ray-token-uid-1",
+            "ConfigMap j-spec",
+            "Service j",
+            "NetworkPolicy j",
+        )
+    )
+    assert fake.log.index("status Pending") == len(static)  # every child before the status write
     assert sorted(e for e in fake.log if e.startswith("create Pod")) == [
         f"create Pod j-{n}"
         for n in ("actor-0", "actor-1", "controller", "reference-0", "rollout-0", "rollout-1")
