@@ -90,3 +90,4 @@ def test_the_echo_of_the_operators_own_status_write_wakes_no_daemon(monkeypatch:
     assert not event(mine)
     assert event(str(int(mine) + 1))  # someone else's write (kubectl, the controller pod)
     assert event(mine, "DELETED")
+    ex.forget("ns", "j")
