@@ -376,22 +376,31 @@ class Executor:
             return None
         token = secrets.token_urlsafe(32)
         wanted = children.build_static_children(job, token=token)
-        # Independent objects (none needs another to exist first): ensured at once on the create
-        # pool (a first pass used to wait for seven round trips in a row), the first problem in
-        # their order reported; one at a time without a pool, stopping at the first problem.
+        # Ensured at once on the create pool (a first pass used to wait for seven round trips in a
+        # row), in waves: the API server refuses a RoleBinding whose Role does not exist yet (its
+        # escalation check resolves the roleRef: 404), so kinds in `_CREATED_AFTER` wait for the
+        # first wave. The first problem in the objects' order is the one reported; one at a time
+        # without a pool, stopping at the first problem.
+        found: list[failure_policy.Rejection | None] = []
         if self._create_pool is None:
-            found = []
             for obj in wanted:
                 found.append(self._ensure_one(obj, job.namespace, uid))
                 if found[-1] is not None:
                     break
         else:
-            futures = [self._create_pool.submit(self._ensure_one, obj, job.namespace, uid) for obj in wanted]
-            errors = [f.exception() for f in futures]  # waits for every one
-            error = next((e for e in errors if e is not None), None)
-            if error is not None:
-                raise error
-            found = [f.result() for f in futures]
+            first = [o for o in wanted if o["kind"] not in _CREATED_AFTER]
+            results: dict[int, failure_policy.Rejection | None] = {}
+            for wave in (first, [o for o in wanted if o["kind"] in _CREATED_AFTER]):
+                futures = [
+                    self._create_pool.submit(self._ensure_one, obj, job.namespace, uid) for obj in wave
+                ]
+                error = next((e for e in [f.exception() for f in futures] if e is not None), None)  # waits
+                if error is not None:
+                    raise error
+                results.update((id(obj), f.result()) for obj, f in zip(wave, futures))
+                found = [results[id(o)] for o in wanted if id(o) in results]  # in the objects' order
+                if any(p is not None for p in found):
+                    break
         problem = next((p for p in found if p is not None), None)
         if problem is not None:
             return problem
@@ -421,6 +430,10 @@ class Executor:
         if obj["kind"] == "ConfigMap":
             self.kube.merge_patch(obj, {"data": obj["data"]})
         return None
+
+
+#: Static children created only once the first wave exists: a RoleBinding names its Role.
+_CREATED_AFTER = frozenset({"RoleBinding"})
 
 
 def _rejection(obj: dict[str, Any], err: kube.Rejected) -> failure_policy.Rejection:

@@ -7,6 +7,7 @@ import copy
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,12 @@ class FakeKube:
             return False
         if self.crash_after is not None and self.creates >= self.crash_after:
             raise Crash("operator killed")
+        role = obj.get("roleRef") or {}
+        if obj["kind"] == "RoleBinding" and ("Role", role.get("name")) not in self.objects:
+            # As the API server's RBAC escalation check: the roleRef must resolve.
+            raise LookupError(
+                f"POST rolebindings: roles.rbac.authorization.k8s.io {role.get('name')!r} not found"
+            )
         if obj["metadata"]["name"] in self.reject:
             code, message = self.reject[obj["metadata"]["name"]]
             self.log.append(f"refused {obj['kind']} {obj['metadata']['name']}")
@@ -269,10 +276,26 @@ def test_a_pass_before_the_watch_showed_new_pods_creates_no_duplicate() -> None:
     assert sum(1 for e in fake.log if e.startswith("create Pod")) == created
 
 
+class SlowRoleKube(FakeKube):
+    """Creating the Role waits until a RoleBinding is attempted (at most a second), so that a
+    RoleBinding sent alongside its Role reaches the API before the Role exists, every time."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        super().__init__(body)
+        self.binding_attempted = threading.Event()
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        if obj["kind"] == "RoleBinding":
+            self.binding_attempted.set()
+        elif obj["kind"] == "Role":
+            self.binding_attempted.wait(timeout=1.0)
+        return super().create(obj)
+
+
 def test_parallel_creation_creates_every_child_and_pod_once() -> None:
-    fake = FakeKube(job())
+    fake = SlowRoleKube(job())
     ex = Executor(fake, create_workers=4)  # type: ignore[arg-type]
-    run(ex)
+    run(ex)  # a RoleBinding before its Role: LookupError, the pass fails
     static = [e for e in fake.log if e.startswith("create") and not e.startswith("create Pod")]
     assert sorted(static) == sorted(
         f"create {k}"
