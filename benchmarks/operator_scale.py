@@ -255,7 +255,13 @@ def operator_run(
     in namespace `ns`, which is deleted afterwards (freeing the nodes for the next run)."""
     sa = cluster.as_service_account("rlhf-system", "rlhf-operator")
     create_namespace(cluster, ns)
-    env = {"PYTHONPATH": os.pathsep.join(str(code / part) for part in ("trainer", "operator"))}
+    env = {
+        "PYTHONPATH": os.pathsep.join(str(code / part) for part in ("trainer", "operator")),
+        # Timestamps and one line per pass (duration by stage) in the kept log; older operators
+        # ignore both.
+        "RLHF_OPERATOR_LOG_FORMAT": "full",
+        "RLHF_OPERATOR_DEBUG_PASSES": "1",
+    }
     import kubernetes
 
     custom = kubernetes.client.CustomObjectsApi(cluster.admin())

@@ -150,6 +150,9 @@ class Executor:
         self.pod_cache = pod_cache
         #: Whether the API server enforces the CRD's rules (None: evaluate them on every parse).
         self.installed_rules = installed_rules
+        #: Stages of the pass running in this thread, with debug logging (`_mark`).
+        self._trace = threading.local()
+        self._trace.marks = None
         #: Per job, the resourceVersions its passes' status writes produced (`own_write`).
         self._own_writes: dict[tuple[str, str], collections.deque[str]] = {}
         self._own_lock = threading.Lock()
@@ -203,6 +206,7 @@ class Executor:
         """One pass over the job `namespace/name`; with `uid`, only that incarnation of it (a job
         of the same name with another UID is someone else's: the caller's job is gone)."""
         started = time.perf_counter()
+        self._trace.marks = [] if log.isEnabledFor(logging.DEBUG) else None
         try:
             outcome = self._reconcile(namespace, name, now or dt.datetime.now(dt.timezone.utc), uid)
         except kube.Conflict:
@@ -213,13 +217,32 @@ class Executor:
             raise
         finally:
             metrics.LATENCY.observe(time.perf_counter() - started)
+            self._log_trace(namespace, name, started)
         metrics.RECONCILES.labels("invalid" if outcome.invalid else "ok").inc()
         if not outcome.gone:
             metrics.observe_phase(namespace, name, outcome.phase, uid)
         return outcome
 
+    def _mark(self, what: str) -> None:
+        """With debug logging: the end of a stage of the pass (`_log_trace` reports them)."""
+        marks = getattr(self._trace, "marks", None)
+        if marks is not None:
+            marks.append((what, time.perf_counter()))
+
+    def _log_trace(self, namespace: str, name: str, started: float) -> None:
+        marks, self._trace.marks = self._trace.marks, None
+        if marks is None:
+            return
+        parts, last = [], started
+        for what, at in marks:
+            parts.append(f"{what} {1000 * (at - last):.0f}")
+            last = at
+        total = 1000 * (time.perf_counter() - started)
+        log.debug("%s/%s: pass %.0f ms (%s)", namespace, name, total, ", ".join(parts) or "-")
+
     def _reconcile(self, namespace: str, name: str, now: dt.datetime, uid: str | None = None) -> Outcome:
         body = self.kube.get_job(namespace, name)
+        self._mark("get")
         if (
             body is None
             or body["metadata"].get("deletionTimestamp")
@@ -231,17 +254,22 @@ class Executor:
         body, autoscale_after, scaled, autoscaled = self._autoscale(body, now, admitted)
         if scaled:  # spec changed: the next pass (at once) reconciles the new count from a fresh read
             return Outcome(requeue_after=0.0, phase=(body.get("status") or {}).get("phase"))
+        self._mark("parse/autoscale")
         pods = self._pods(namespace, name)
+        self._mark("pods")
         plan = reconcile.plan(body, pods, now, admitted)
+        self._mark(f"plan[{plan.status.get('phase')}]")
         if autoscale_after is not None:
             plan.requeue(autoscale_after)
         rejection: failure_policy.Rejection | None = None
         if plan.job is not None and not plan.invalid and plan.status.get("phase") not in FINISHED:
             rejection = self._ensure_static(plan.job, jobs.digest(body))
+            self._mark("static")
         old = reconcile.operator_status(body.get("status") or {})
         if old != reconcile.operator_status(plan.status) or autoscaled:
             # One write for the pass and the autoscaler. Conflict: computed from a stale view; retry.
             body = self._patch_status(body, {**plan.status, **(autoscaled or {})})
+            self._mark("status")
         for pod in plan.release:  # before the deletions: Kueue finishes the group once they stop
             try:
                 self.kube.patch_metadata(pod, kueue.RELEASE_PATCH["metadata"])
@@ -259,6 +287,7 @@ class Executor:
         attempted = bool(plan.create) and rejection is None
         if attempted:
             done = create_all(_test_pause_gate(self.kube.create), plan.create, self._create_pool, _created)
+            self._mark(f"create[{done.created}]")
             if done.rejected is not None:  # reported below; the other pods would most likely fail too
                 rejection = _rejection(*done.rejected)
         if rejection is None and plan.blocked:
@@ -279,6 +308,8 @@ class Executor:
             except (kube.Retry, LookupError) as err:  # an Event is best effort
                 log.warning("event %s for %s/%s not posted: %s", ev.reason, namespace, name, err)
             log.info("%s/%s: %s: %s", namespace, name, ev.reason, ev.message)
+        if plan.events:
+            self._mark(f"events[{len(plan.events)}]")
         if plan.delete_job:
             self.kube.delete(body)
             return Outcome(gone=True)

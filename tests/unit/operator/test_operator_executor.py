@@ -587,3 +587,12 @@ def test_a_pass_right_after_a_status_write_has_nothing_to_do() -> None:
     assert echoes >= 4  # the check above ran (most writes here come with pod changes)
     assert not ex.own_write("ns", "j", "someone else's")
     ex.forget("ns", "j")  # the operator's metrics are global: leave no job behind
+
+
+def test_with_debug_logging_each_pass_says_where_its_time_went(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeKube(job())
+    with caplog.at_level("DEBUG", logger="rlhf_operator"):
+        run(Executor(fake, create_workers=4))  # type: ignore[arg-type]
+    (line,) = [r.getMessage() for r in caplog.records if ": pass " in r.getMessage()]
+    stages = [part.split()[0] for part in line.split("(", 1)[1].rstrip(")").split(", ")]
+    assert stages == ["get", "parse/autoscale", "pods", "plan[Pending]", "static", "status", "create[6]"]
