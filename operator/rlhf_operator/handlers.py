@@ -65,7 +65,9 @@ def _get_executor() -> Executor:
     if _executor is None:
         url = os.environ.get(CONTROLLER_METRICS_URL_ENV) or autoscaler.DEFAULT_CONTROLLER_METRICS_URL
         prefixes = autoscaler.prometheus_url_prefixes(os.environ)
-        client = kube.Kube()
+        # One pooled connection per thread that calls the API (the client's default is 5 per CPU:
+        # the rest opened a fresh TLS connection for each request, and dropped it).
+        client = kube.Kube(pool_size=PASS_WORKERS + CREATE_WORKERS)
         _executor = Executor(
             client,
             controller_metrics_url=url,
@@ -92,7 +94,13 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = int(os.environ.get("RLHF_OPERATOR_WATCH_SERVER_TIMEOUT", "300"))
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.watching.connect_timeout = 30
-    settings.batching.worker_limit = int(os.environ.get("RLHF_OPERATOR_WORKER_LIMIT", "32"))
+    # kopf runs one worker per watched object (each job, each pod) and keeps it `idle_timeout`
+    # after the object's last event. Capped at 32 with kopf's 5 s idle time, a burst of new pods
+    # (10 jobs: 110 objects) waited for idle workers to expire: the operator saw pod events 3 to 4 s
+    # late (operator_scale.py). Our handlers only wake a daemon, so workers are cheap and short-lived.
+    limit = int(os.environ.get("RLHF_OPERATOR_WORKER_LIMIT", "0"))
+    settings.queueing.worker_limit = limit or None  # 0: no limit
+    settings.queueing.idle_timeout = float(os.environ.get("RLHF_OPERATOR_WORKER_IDLE_SECONDS", "1"))
     settings.posting.level = logging.WARNING  # our own Events carry the transitions
     # kopf pauses *every* operator when peers share a priority, so each replica draws its own:
     # the highest is active, the others stand by until its peering record expires.

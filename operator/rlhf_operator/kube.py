@@ -72,11 +72,17 @@ def path(api_version: str, kind: str, namespace: str, name: str | None = None, s
 class Kube:
     """Synchronous calls; the operator runs them in worker threads, tests call them directly."""
 
-    def __init__(self, api_client: Any = None) -> None:
+    def __init__(self, api_client: Any = None, pool_size: int | None = None) -> None:
+        """`api_client`: the official client's ApiClient; by default one on the loaded kubeconfig
+        (or in-cluster) configuration, with `pool_size` pooled connections (None: the client's
+        default, 5 per CPU)."""
         if api_client is None:
             from kubernetes import client
 
-            api_client = client.ApiClient()
+            config = client.Configuration.get_default_copy()
+            if pool_size:
+                config.connection_pool_maxsize = pool_size
+            api_client = client.ApiClient(config)
         self.api = api_client
 
     def _call(
