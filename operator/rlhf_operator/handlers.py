@@ -113,6 +113,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
+    # Which rules the API server enforces (`jobs.InstalledRules`), read before any job is served:
+    # otherwise the first passes of a burst of new jobs all waited for that read.
+    rules = _get_executor().installed_rules
+    if rules is not None:
+        rules.enforced()
 
 
 @kopf.on.probe(id="jobs")

@@ -43,15 +43,18 @@ _lock = threading.Lock()
 _parsed: dict[tuple[str, str, str], tuple[str, bool, RLTrainingJob | list[str]]] = {}
 #: Seconds between two reads of the installed CRD's schema digest.
 DEFAULT_RECHECK_SECONDS = 60.0
+#: Seconds before a read that failed is tried again.
+RETRY_SECONDS = 5.0
 
 
 class InstalledRules:
     """Whether the API server enforces the rules this operator would evaluate: the installed CRD's
     `crd.SCHEMA_DIGEST_ANNOTATION` equals `expected` (the digest of the CRD this operator
     generates). `read` returns the installed CRD's annotations (None: no such CRD); it is called
-    at most once per `recheck_seconds`, from the pass that asks. A read that fails counts as "not
-    enforced" (every rule evaluated here) until the next read. Each change of the answer is
-    logged once, with why."""
+    at most once per `recheck_seconds`, from the pass that asks (the operator asks once at
+    startup, so that no job's first pass waits for it). A read that fails counts as "not
+    enforced" (every rule evaluated here) until the next read, `RETRY_SECONDS` later. Each change
+    of the answer is logged once, with why."""
 
     def __init__(
         self,
@@ -67,15 +70,17 @@ class InstalledRules:
         self._clock = clock
         self._lock = threading.Lock()
         self._checked_at: float | None = None
+        self._next_in = recheck_seconds
         self._enforced: bool | None = None
 
     def enforced(self) -> bool:
         with self._lock:
             now = self._clock()
-            if self._checked_at is not None and now - self._checked_at < self.recheck_seconds:
+            if self._checked_at is not None and now - self._checked_at < self._next_in:
                 return bool(self._enforced)
             self._checked_at = now
-            enforced, why = self._check()
+            enforced, why, read = self._check()
+            self._next_in = self.recheck_seconds if read else min(RETRY_SECONDS, self.recheck_seconds)
             if enforced != self._enforced:
                 if enforced:
                     log.info(
@@ -87,20 +92,25 @@ class InstalledRules:
             self._enforced = enforced
             return enforced
 
-    def _check(self) -> tuple[bool, str]:
+    def _check(self) -> tuple[bool, str, bool]:
+        """(enforced, why, whether the CRD could be read)."""
         try:
             annotations = self._read()
         except Exception as err:  # noqa: BLE001 - any failure means "evaluate everything"
-            return False, f"the installed CRD cannot be read ({err})"
+            return False, f"the installed CRD cannot be read ({err})", False
         if annotations is None:
-            return False, "no RLTrainingJob CRD is installed"
+            return False, "no RLTrainingJob CRD is installed", True
         found = annotations.get(self._annotation)
         if found != self.expected:
-            return False, (
-                f"the installed CRD's {self._annotation} is {found!r}, this operator generates "
-                f"{self.expected!r} (another release's CRD)"
+            return (
+                False,
+                (
+                    f"the installed CRD's {self._annotation} is {found!r}, this operator generates "
+                    f"{self.expected!r} (another release's CRD)"
+                ),
+                True,
             )
-        return True, f"{self._annotation} {found}"
+        return True, f"{self._annotation} {found}", True
 
 
 def digest(body: dict[str, Any]) -> str:

@@ -151,3 +151,20 @@ def test_the_installed_crd_is_read_again_after_the_recheck_period(caplog: pytest
     assert len(reads) == 2
     assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
     assert "sha256:older" in caplog.records[0].message
+
+
+def test_a_failed_read_is_retried_soon_not_after_the_recheck_period() -> None:
+    clock, calls = Clock(), []
+
+    def read() -> dict[str, str] | None:
+        calls.append(clock.t)
+        if len(calls) == 1:
+            raise kube.Retry("GET: connection refused")
+        return {crd.SCHEMA_DIGEST_ANNOTATION: crd.expected_schema_digest()}
+
+    rules = jobs.InstalledRules(read, recheck_seconds=60, clock=clock)
+    assert not rules.enforced()
+    clock.t = jobs.RETRY_SECONDS
+    assert rules.enforced()
+    clock.t += 59
+    assert rules.enforced() and len(calls) == 2

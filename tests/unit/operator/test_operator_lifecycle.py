@@ -121,6 +121,7 @@ def test_kopf_neither_caps_nor_keeps_idle_the_per_object_workers(
     # The client reads $KUBECONFIG when it is imported: point its default there instead.
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "kubeconfig"))
     monkeypatch.delenv("RLHF_OPERATOR_WORKER_LIMIT", raising=False)
+    monkeypatch.setattr(handlers, "_executor", None)  # configure() makes one (on that kubeconfig)
     settings = kopf.OperatorSettings()
     handlers.configure(settings=settings)
     assert settings.queueing.worker_limit is None
