@@ -43,7 +43,7 @@ _PAUSE_AFTER_CREATES = int(os.environ.get("RLHF_OPERATOR_PAUSE_AFTER_CREATES", "
 
 
 #: Pod creations in flight at once, over all jobs (`rlhf operator` passes it to the Executor).
-CREATE_WORKERS = int(os.environ.get("RLHF_OPERATOR_CREATE_WORKERS", "8"))
+CREATE_WORKERS = int(os.environ.get("RLHF_OPERATOR_CREATE_WORKERS", "16"))
 #: resourceVersions of its own status writes the executor remembers per job (`own_write`).
 OWN_WRITES_KEPT = 8
 
