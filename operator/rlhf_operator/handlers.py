@@ -3,7 +3,8 @@
 One daemon per RLTrainingJob runs reconcile passes. Watch events on the job or on its pods only
 wake that daemon; bursts of events (a gang of pods starting) coalesce into one pass, and a pass
 always starts from a fresh read, so nothing depends on seeing every event (level-based). The
-daemon also wakes on its own after the plan's `requeue_after` (backoff, timeouts, TTL) or the
+event of a pass's own status write wakes nobody (`Executor.own_write`: that pass knew all it
+says). The daemon also wakes on its own after the plan's `requeue_after` (backoff, timeouts, TTL) or the
 resync period.
 
 No finalizer: the operator has nothing to clean up when a job goes (its children carry owner
