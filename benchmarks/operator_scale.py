@@ -3,19 +3,28 @@ Running, on 500 fake 8-GPU nodes (kwok), with the operator's peak memory.
 
     .venv/bin/python benchmarks/operator_scale.py                 # 50 jobs x 10 pods, 500 nodes
     .venv/bin/python benchmarks/operator_scale.py --jobs 10 --nodes 100
+    # before/after on one cluster: the operator of another checkout, then this one's
+    .venv/bin/python benchmarks/operator_scale.py --operator-code /tmp/main-export --operator-code .
 
 Baseline, in the same process and cluster: the same pods created directly by one client (no
 operator), so the ratio shows what the operator's reconcile adds to the API server + scheduler +
 kwok pipeline. The operator runs as its own process under the chart's RBAC. Timing starts only
 once every node is Ready and free of the lifecycle taints a fresh node carries for its first
 seconds (the controller-manager removes them), so neither run measures that warm-up.
+
+Besides the totals it prints where the time went, from the API server's timestamps (whole seconds):
+when the pods were created, bound and Ready, and when each job's first and last pod was created;
+and the operator's CPU time and the time spent inside its passes.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import datetime as dt
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,6 +85,51 @@ def running_pods(cluster: Cluster, namespace: str) -> int:
 
 #: Taints the node lifecycle controller puts on nodes that are not (yet) Ready.
 LIFECYCLE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def _time(stamp: str | None) -> float | None:
+    if not stamp:
+        return None
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def timeline(cluster: Cluster, namespace: str, t0: float) -> dict[str, list[float]]:
+    """Where the time went, from the API server's own timestamps (whole seconds), relative to
+    `t0` (wall clock when the jobs or pods were first sent): per pod, when it was created, bound
+    (PodScheduled) and Ready; per job, when its first and last pod were created."""
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json", timeout=300))["items"]
+    out: dict[str, list[float]] = {"created": [], "scheduled": [], "ready": []}
+    by_job: dict[str, list[float]] = {}
+    for pod in pods:
+        created = _time(pod["metadata"].get("creationTimestamp"))
+        conds = {
+            c["type"]: _time(c.get("lastTransitionTime"))
+            for c in pod.get("status", {}).get("conditions") or []
+        }
+        if created is None or conds.get("PodScheduled") is None or conds.get("Ready") is None:
+            continue
+        out["created"].append(created - t0)
+        out["scheduled"].append(conds["PodScheduled"] - t0)  # type: ignore[operator]
+        out["ready"].append(conds["Ready"] - t0)  # type: ignore[operator]
+        job = (pod["metadata"].get("labels") or {}).get("rlhf.dev/job-name", "")
+        by_job.setdefault(job, []).append(created - t0)
+    out["job first pod"] = [min(v) for v in by_job.values()]
+    out["job last pod"] = [max(v) for v in by_job.values()]
+    return out
+
+
+def show_timeline(what: str, tl: dict[str, list[float]]) -> None:
+    parts = [f"{key} {statistics.median(v):.0f}/{max(v):.0f}" for key, v in tl.items() if v]
+    print(
+        f"{what} timeline, s after the first request (median/last, whole seconds): {', '.join(parts)}",
+        flush=True,
+    )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def unsettled_nodes(nodes: list[dict[str, Any]], expected: int) -> list[str]:
@@ -144,7 +198,7 @@ def baseline(cluster: Cluster, jobs: list[dict[str, Any]], workers: int) -> floa
     import kubernetes
 
     core = kubernetes.client.CoreV1Api(cluster.admin())
-    t0 = time.perf_counter()
+    t0, wall0 = time.perf_counter(), time.time()
     with ThreadPoolExecutor(workers) as ex:
         list(ex.map(lambda p: core.create_namespaced_pod(ns, p), pods))
     wait_for(
@@ -154,11 +208,13 @@ def baseline(cluster: Cluster, jobs: list[dict[str, Any]], workers: int) -> floa
         what="baseline pods Running",
     )
     seconds = time.perf_counter() - t0
+    show_timeline("baseline", timeline(cluster, ns, wall0))
     cluster.kubectl("delete", "namespace", ns, "--wait=true", timeout=600)
     return seconds
 
 
-def operator_run(cluster: Cluster, jobs: list[dict[str, Any]], workers: int, log: Path) -> dict[str, Any]:
+def install_operator(cluster: Cluster) -> None:
+    """The CRD and the chart's RBAC (of this checkout), once per cluster."""
     render = subprocess.run(
         [
             str(assets_dir() / "helm"),
@@ -190,16 +246,31 @@ def operator_run(cluster: Cluster, jobs: list[dict[str, Any]], workers: int, log
             what=f"CRD {crd} established",
         )
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=render)
+
+
+def operator_run(
+    cluster: Cluster, jobs: list[dict[str, Any]], workers: int, log: Path, code: Path, ns: str
+) -> dict[str, Any]:
+    """The operator of the checkout `code` (its trainer/ and operator/ on PYTHONPATH) drives `jobs`
+    in namespace `ns`, which is deleted afterwards (freeing the nodes for the next run)."""
     sa = cluster.as_service_account("rlhf-system", "rlhf-operator")
-    ns = "bench-operator"
     create_namespace(cluster, ns)
+    env = {
+        "PYTHONPATH": os.pathsep.join(str(code / part) for part in ("trainer", "operator")),
+        # Timestamps and one line per pass (duration by stage) in the kept log; older operators
+        # ignore both.
+        "RLHF_OPERATOR_LOG_FORMAT": "full",
+        "RLHF_OPERATOR_DEBUG_PASSES": "1",
+    }
     import kubernetes
 
     custom = kubernetes.client.CustomObjectsApi(cluster.admin())
     expected = 10 * len(jobs)
-    with OperatorProcess(sa.kubeconfig, [ns], log_path=log, metrics=True) as op:
+    with OperatorProcess(sa.kubeconfig, [ns], log_path=log, metrics=True, env=env) as op:
         rss_idle = op.peak_rss_bytes()
-        t0 = time.perf_counter()
+        assert op.proc is not None
+        cpu0 = cpu_seconds(op.proc.pid)
+        t0, wall0 = time.perf_counter(), time.time()
         with ThreadPoolExecutor(workers) as ex:
             list(
                 ex.map(
@@ -229,18 +300,26 @@ def operator_run(cluster: Cluster, jobs: list[dict[str, Any]], workers: int, log
             urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5).read().decode()
         )
         peak = op.peak_rss_bytes()
-    reconciles = sum(
-        float(line.split()[-1])
-        for line in metrics.splitlines()
-        if line.startswith("rlhf_operator_reconciles_total{")
-    )
+        cpu = cpu_seconds(op.proc.pid) - cpu0
+    show_timeline(f"operator ({code})", timeline(cluster, ns, wall0))
+    cluster.kubectl("delete", "namespace", ns, "--wait=true", timeout=900)
+
+    def metric(prefix: str) -> float:
+        return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(prefix))
+
+    rules = [
+        line for line in log.read_text(errors="replace").splitlines() if "CRD" in line and "rule" in line
+    ]
     return {
+        "cpu_seconds": cpu,
+        "pass_seconds": metric("rlhf_operator_reconcile_duration_seconds_sum"),
+        "crd_rules": rules[-1] if rules else "(no line about the CRD's rules in the log)",
         "apply_seconds": applied,
         "pods_running_seconds": pods_running,
         "jobs_running_seconds": jobs_running,
         "peak_rss_mib": peak / 2**20,
         "idle_rss_mib": rss_idle / 2**20,
-        "reconciles": reconciles,
+        "reconciles": metric("rlhf_operator_reconciles_total{"),
     }
 
 
@@ -252,7 +331,17 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=500, help="fake 8-GPU nodes")
     parser.add_argument("--workers", type=int, default=8, help="client threads applying jobs / baseline pods")
     parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument(
+        "--operator-code",
+        action="append",
+        type=Path,
+        metavar="CHECKOUT",
+        help="run the operator of this checkout (its trainer/ and operator/), repeatable: each runs "
+        "in turn on the same cluster, e.g. a worktree of main and this one (default: this checkout)",
+    )
+    parser.add_argument("--operator-log-dir", type=Path, help="keep the operators' logs here")
     args = parser.parse_args()
+    codes = [p.resolve() for p in args.operator_code or [ROOT]]
 
     pools = [
         NodePool(name="bench", nodes=args.nodes, gpus=8, cpu="96", memory="1Ti", taints=[GPU_TAINT]),
@@ -274,23 +363,39 @@ def main() -> int:
             print(
                 f"baseline: {10 * args.jobs} pods created directly -> all Running in {base:.1f} s", flush=True
             )
+        install_operator(cluster)
         with tempfile.TemporaryDirectory() as tmp:
-            res = operator_run(cluster, jobs, args.workers, Path(tmp) / "operator.log")
+            logs = args.operator_log_dir or Path(tmp)
+            logs.mkdir(parents=True, exist_ok=True)
+            for i, code in enumerate(codes):
+                print(f"load average before the run: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+                log = logs / f"operator-{i}.log"
+                res = operator_run(cluster, jobs, args.workers, log, code, f"bench-operator-{i}")
+                report(res, args.jobs, args.nodes, base, code)
     finally:
         cluster.stop()
+    return 0
+
+
+def report(res: dict[str, Any], jobs: int, nodes: int, base: float | None, code: Path) -> None:
+    print(f"operator of {code}:")
     print(
-        f"operator: {args.jobs} jobs x 10 pods on {args.nodes} nodes: applied in {res['apply_seconds']:.1f} s, "
+        f"  {jobs} jobs x 10 pods on {nodes} nodes: applied in {res['apply_seconds']:.1f} s, "
         f"all pods Running in {res['pods_running_seconds']:.1f} s, all jobs Running in {res['jobs_running_seconds']:.1f} s"
     )
+    print(f"  peak RSS: {res['peak_rss_mib']:.0f} MiB (idle before the jobs: {res['idle_rss_mib']:.0f} MiB)")
+    print(f"  reconcile passes: {res['reconciles']:.0f} ({res['reconciles'] / jobs:.1f} per job)")
     print(
-        f"operator peak RSS: {res['peak_rss_mib']:.0f} MiB (idle before the jobs: {res['idle_rss_mib']:.0f} MiB)"
+        f"  CPU until every job Running: {res['cpu_seconds']:.1f} s; "
+        f"time inside passes (summed over concurrent passes): {res['pass_seconds']:.1f} s"
     )
-    print(f"reconcile passes: {res['reconciles']:.0f} ({res['reconciles'] / args.jobs:.1f} per job)")
+    print(f"  log: {res['crd_rules']}")
+    print(f"  load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     if base:
         print(
-            f"ratio operator / direct pod creation (time to all pods Running): {res['pods_running_seconds'] / base:.2f}"
+            f"  ratio operator / direct pod creation (time to all pods Running): {res['pods_running_seconds'] / base:.2f}",
+            flush=True,
         )
-    return 0
 
 
 if __name__ == "__main__":

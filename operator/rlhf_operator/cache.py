@@ -14,8 +14,11 @@ from the list stays only if it is newer than the list (created after it). resour
 compared as integers (etcd's revisions, as every Kubernetes API server issues them); one that is
 not an integer counts as newest, so the newest report wins as before.
 
-The cached bodies drop `metadata.managedFields` (nothing here reads them; they are a large part of
-a pod's size). Thread-safe: the event loop writes, the reconcile threads read.
+The cached bodies keep only what the operator reads of a pod (`_trim`): its metadata without
+`managedFields`, its status, and of its spec the node it is bound to, its scheduling gates and its
+containers' names and images. The rest of the spec (env, volumes, resources, affinity: most of a
+pod's size) is the operator's own template, which it never reads back; the specs of 500 pods
+are about 9 MiB. Thread-safe: the event loop writes, the reconcile threads read.
 """
 
 from __future__ import annotations
@@ -42,11 +45,22 @@ def _rv(obj: dict[str, Any]) -> float:
         return float("inf")
 
 
+#: The fields of a pod's spec the operator reads (`gang`, `kueue`, `pod_health`).
+SPEC_FIELDS = ("nodeName", "schedulingGates")
+CONTAINER_FIELDS = ("name", "image")
+
+
 def _trim(pod: dict[str, Any]) -> dict[str, Any]:
     out = dict(pod)
     meta = dict(out.get("metadata") or {})
     meta.pop("managedFields", None)
     out["metadata"] = meta
+    spec = out.get("spec") or {}
+    kept: dict[str, Any] = {k: spec[k] for k in SPEC_FIELDS if k in spec}
+    for kind in ("initContainers", "containers"):
+        if spec.get(kind):
+            kept[kind] = [{k: c[k] for k in CONTAINER_FIELDS if k in c} for c in spec[kind]]
+    out["spec"] = kept
     return out
 
 

@@ -48,8 +48,9 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         print("rlhf operator: give --namespace or --all-namespaces, not both", file=sys.stderr)
         return 2
     os.environ["RLHF_OPERATOR_CONTROLLER_METRICS_URL"] = args.controller_metrics_url
-    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
-    logging.getLogger("rlhf_operator").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    kopf.configure(verbose=args.verbose, log_format=getattr(kopf.LogFormat, args.log_format.upper()))
+    level = logging.DEBUG if args.verbose or args.debug_passes else logging.INFO
+    logging.getLogger("rlhf_operator").setLevel(level)
     logging.getLogger("urllib3").setLevel(logging.WARNING)
     if args.metrics_port:
         start_http_server(args.metrics_port)
@@ -116,4 +117,18 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "{job} and {namespace} are substituted (env RLHF_OPERATOR_CONTROLLER_METRICS_URL)",
     )
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    p.add_argument(
+        "--log-format",
+        choices=["plain", "full", "json"],
+        default=os.environ.get("RLHF_OPERATOR_LOG_FORMAT", "plain"),
+        help="plain: messages only; full: with time, logger and level; json: one object a line "
+        "(env RLHF_OPERATOR_LOG_FORMAT)",
+    )
+    p.add_argument(
+        "--debug-passes",
+        action="store_true",
+        default=os.environ.get("RLHF_OPERATOR_DEBUG_PASSES", "") not in ("", "0"),
+        help="log every reconcile pass: its duration, API calls and outcome, without kopf's own debug "
+        "output (env RLHF_OPERATOR_DEBUG_PASSES=1)",
+    )
     p.set_defaults(func=_cmd_operator)

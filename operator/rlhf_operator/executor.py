@@ -5,6 +5,7 @@ Synchronous and free of kopf, so tests drive it with a real API server or a fake
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import hashlib
 import json
@@ -43,7 +44,9 @@ _PAUSE_AFTER_CREATES = int(os.environ.get("RLHF_OPERATOR_PAUSE_AFTER_CREATES", "
 
 
 #: Pod creations in flight at once, over all jobs (`rlhf operator` passes it to the Executor).
-CREATE_WORKERS = int(os.environ.get("RLHF_OPERATOR_CREATE_WORKERS", "8"))
+CREATE_WORKERS = int(os.environ.get("RLHF_OPERATOR_CREATE_WORKERS", "16"))
+#: resourceVersions of its own status writes the executor remembers per job (`own_write`).
+OWN_WRITES_KEPT = 8
 
 
 @dataclass
@@ -133,6 +136,7 @@ class Executor:
         prometheus_url_prefixes: Sequence[str] = (),
         pod_cache: cache.PodCache | None = None,
         create_workers: int = 1,
+        installed_rules: jobs.InstalledRules | None = None,
     ) -> None:
         self.kube = client
         #: Template of the controller's /metrics URL for the autoscaler's direct scrape.
@@ -145,6 +149,14 @@ class Executor:
         self._ensured: dict[tuple[str, str], tuple[str, str, str]] = {}
         #: The watch-fed pods of each job (None: list them on every pass).
         self.pod_cache = pod_cache
+        #: Whether the API server enforces the CRD's rules (None: evaluate them on every parse).
+        self.installed_rules = installed_rules
+        #: Stages of the pass running in this thread, with debug logging (`_mark`).
+        self._trace = threading.local()
+        self._trace.marks = None
+        #: Per job, the resourceVersions its passes' status writes produced (`own_write`).
+        self._own_writes: dict[tuple[str, str], collections.deque[str]] = {}
+        self._own_lock = threading.Lock()
         #: Pods of a pass are created this many at once (shared by every job's passes).
         self._create_pool = (
             ThreadPoolExecutor(create_workers, thread_name_prefix="rlhf-create")
@@ -158,12 +170,15 @@ class Executor:
         no longer count a deleted job."""
         key = (namespace, name)
         jobs.forget(namespace, name, uid)
+        with self._own_lock:
+            self._own_writes.pop(key, None)
         if uid is None or self._ensured.get(key, ("",))[0] == uid:
             self._ensured.pop(key, None)
             if self.pod_cache is not None:
                 self.pod_cache.forget(namespace, name)
         metrics.forget_job(namespace, name, uid)
 
+<<<<<<< HEAD
     def release_orphan(self, pod: dict[str, Any]) -> None:
         """Release the Kueue pod group of `pod` when its job is gone (`kueue.orphaned`): deleting a
         job (or its namespace) deletes its pods through the garbage collector, with no reconcile
@@ -185,6 +200,30 @@ class Executor:
                     meta["name"],
                     err,
                 )
+=======
+    def own_write(self, namespace: str, name: str, resource_version: str | None) -> bool:
+        """Whether the job at `resource_version` is what one of this executor's status writes made
+        of it. Its watch event then tells a pass nothing it did not know: the write is conditional
+        on the resourceVersion the pass read (so nobody else's change is folded in), and what it
+        wrote is what the pass computed. The operator does not wake the job's daemon for it."""
+        if not resource_version:
+            return False
+        with self._own_lock:
+            return resource_version in self._own_writes.get((namespace, name), ())
+
+    def _patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """`kube.patch_status`, remembering the resourceVersion it produced (`own_write`)."""
+        out = self.kube.patch_status(body, status)
+        meta = (out or {}).get("metadata") or {}
+        version = meta.get("resourceVersion")
+        if version:
+            key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+            with self._own_lock:
+                self._own_writes.setdefault(key, collections.deque(maxlen=OWN_WRITES_KEPT)).append(
+                    str(version)
+                )
+        return out
+>>>>>>> s4-opspeed
 
     def reconcile(
         self, namespace: str, name: str, now: dt.datetime | None = None, uid: str | None = None
@@ -192,6 +231,7 @@ class Executor:
         """One pass over the job `namespace/name`; with `uid`, only that incarnation of it (a job
         of the same name with another UID is someone else's: the caller's job is gone)."""
         started = time.perf_counter()
+        self._trace.marks = [] if log.isEnabledFor(logging.DEBUG) else None
         try:
             outcome = self._reconcile(namespace, name, now or dt.datetime.now(dt.timezone.utc), uid)
         except kube.Conflict:
@@ -202,13 +242,32 @@ class Executor:
             raise
         finally:
             metrics.LATENCY.observe(time.perf_counter() - started)
+            self._log_trace(namespace, name, started)
         metrics.RECONCILES.labels("invalid" if outcome.invalid else "ok").inc()
         if not outcome.gone:
             metrics.observe_phase(namespace, name, outcome.phase, uid)
         return outcome
 
+    def _mark(self, what: str) -> None:
+        """With debug logging: the end of a stage of the pass (`_log_trace` reports them)."""
+        marks = getattr(self._trace, "marks", None)
+        if marks is not None:
+            marks.append((what, time.perf_counter()))
+
+    def _log_trace(self, namespace: str, name: str, started: float) -> None:
+        marks, self._trace.marks = self._trace.marks, None
+        if marks is None:
+            return
+        parts, last = [], started
+        for what, at in marks:
+            parts.append(f"{what} {1000 * (at - last):.0f}")
+            last = at
+        total = 1000 * (time.perf_counter() - started)
+        log.debug("%s/%s: pass %.0f ms (%s)", namespace, name, total, ", ".join(parts) or "-")
+
     def _reconcile(self, namespace: str, name: str, now: dt.datetime, uid: str | None = None) -> Outcome:
         body = self.kube.get_job(namespace, name)
+        self._mark("get")
         if (
             body is None
             or body["metadata"].get("deletionTimestamp")
@@ -216,20 +275,26 @@ class Executor:
         ):
             self.forget(namespace, name, uid)
             return Outcome(gone=True)
-        body, autoscale_after, scaled, autoscaled = self._autoscale(body, now)
+        admitted = self.installed_rules is not None and self.installed_rules.enforced()
+        body, autoscale_after, scaled, autoscaled = self._autoscale(body, now, admitted)
         if scaled:  # spec changed: the next pass (at once) reconciles the new count from a fresh read
             return Outcome(requeue_after=0.0, phase=(body.get("status") or {}).get("phase"))
+        self._mark("parse/autoscale")
         pods = self._pods(namespace, name)
-        plan = reconcile.plan(body, pods, now)
+        self._mark("pods")
+        plan = reconcile.plan(body, pods, now, admitted)
+        self._mark(f"plan[{plan.status.get('phase')}]")
         if autoscale_after is not None:
             plan.requeue(autoscale_after)
         rejection: failure_policy.Rejection | None = None
         if plan.job is not None and not plan.invalid and plan.status.get("phase") not in FINISHED:
             rejection = self._ensure_static(plan.job, jobs.digest(body))
+            self._mark("static")
         old = reconcile.operator_status(body.get("status") or {})
         if old != reconcile.operator_status(plan.status) or autoscaled:
             # One write for the pass and the autoscaler. Conflict: computed from a stale view; retry.
-            body = self.kube.patch_status(body, {**plan.status, **(autoscaled or {})})
+            body = self._patch_status(body, {**plan.status, **(autoscaled or {})})
+            self._mark("status")
         for pod in plan.release:  # before the deletions: Kueue finishes the group once they stop
             try:
                 self.kube.patch_metadata(pod, kueue.RELEASE_PATCH["metadata"])
@@ -247,13 +312,14 @@ class Executor:
         attempted = bool(plan.create) and rejection is None
         if attempted:
             done = create_all(_test_pause_gate(self.kube.create), plan.create, self._create_pool, _created)
+            self._mark(f"create[{done.created}]")
             if done.rejected is not None:  # reported below; the other pods would most likely fail too
                 rejection = _rejection(*done.rejected)
         if rejection is None and plan.blocked:
             rejection = plan.blocked[0]
         report = reconcile.report_children(plan.status, rejection, attempted, now)
         if report.status is not None:
-            body = self.kube.patch_status(body, report.status)
+            body = self._patch_status(body, report.status)
             plan.status.update(report.status)
         plan.events.extend(report.events)
         if report.requeue_after is not None:
@@ -267,6 +333,8 @@ class Executor:
             except (kube.Retry, LookupError) as err:  # an Event is best effort
                 log.warning("event %s for %s/%s not posted: %s", ev.reason, namespace, name, err)
             log.info("%s/%s: %s: %s", namespace, name, ev.reason, ev.message)
+        if plan.events:
+            self._mark(f"events[{len(plan.events)}]")
         if plan.delete_job:
             self.kube.delete(body)
             return Outcome(gone=True)
@@ -287,7 +355,7 @@ class Executor:
         return self.pod_cache.seed(namespace, name, listed, version)
 
     def _autoscale(
-        self, body: dict[str, Any], now: dt.datetime
+        self, body: dict[str, Any], now: dt.datetime, admitted: bool = False
     ) -> tuple[dict[str, Any], float | None, bool, dict[str, Any] | None]:
         """The autoscaler's I/O around `autoscaler` (pure): returns the job as last written, when
         to look again (None: autoscaling is off), whether `/scale` was written, and the status
@@ -295,7 +363,7 @@ class Executor:
         instead of two; a condition it sets, or a `/scale`, is written at once)."""
         status = body.get("status") or {}
         try:
-            job = jobs.parse(body)
+            job = jobs.parse(body, admitted)
         except SpecError:
             return body, None, False, None  # reconcile.plan reports it
         if not autoscaler.enabled(job, status.get("phase")):
@@ -320,7 +388,7 @@ class Executor:
             return body, period, False, patch
         if conditions is not None:
             patch["conditions"] = conditions
-        body = self.kube.patch_status(body, patch)
+        body = self._patch_status(body, patch)
         metrics.AUTOSCALE_DECISIONS.labels(ev.decision.direction).inc()
         ns, name = job.namespace, job.metadata_name
         if refused is not None and conditions is not None:
@@ -363,33 +431,65 @@ class Executor:
             self._ensured[key] = (uid, source, digest)
             return None
         token = secrets.token_urlsafe(32)
-        for obj in children.build_static_children(job, token=token):
-            try:
-                created = self.kube.create(obj)
-            except LookupError as err:  # e.g. the PodGroup CRD of the chosen gang scheduler is absent
-                raise kube.Retry(f"cannot create {obj['kind']} {obj['metadata']['name']}: {err}", 30) from err
-            except kube.Rejected as err:
-                return _rejection(obj, err)
-            if created or obj["kind"] == "Secret":
-                # The operator may not read Secrets; the Secret's name carries the job's UID, so no
-                # Secret can have held it before the job existed (see contract.ray_token_secret_name).
-                continue
-            existing = self.kube.get(obj)
-            if existing is None:  # deleted since: the next pass creates it
-                raise kube.Retry(f"{obj['kind']} {obj['metadata']['name']} vanished while being ensured", 1)
-            if not ownership.owned_by(existing, uid):
-                log.warning(
-                    "%s %s/%s is not owned by job uid %s",
-                    obj["kind"],
-                    job.namespace,
-                    obj["metadata"]["name"],
-                    uid,
-                )
-                return ownership.not_owned(existing, uid)
-            if obj["kind"] == "ConfigMap":
-                self.kube.merge_patch(obj, {"data": obj["data"]})
+        wanted = children.build_static_children(job, token=token)
+        # Ensured at once on the create pool (a first pass used to wait for seven round trips in a
+        # row), in waves: the API server refuses a RoleBinding whose Role does not exist yet (its
+        # escalation check resolves the roleRef: 404), so kinds in `_CREATED_AFTER` wait for the
+        # first wave. The first problem in the objects' order is the one reported; one at a time
+        # without a pool, stopping at the first problem.
+        found: list[failure_policy.Rejection | None] = []
+        if self._create_pool is None:
+            for obj in wanted:
+                found.append(self._ensure_one(obj, job.namespace, uid))
+                if found[-1] is not None:
+                    break
+        else:
+            first = [o for o in wanted if o["kind"] not in _CREATED_AFTER]
+            results: dict[int, failure_policy.Rejection | None] = {}
+            for wave in (first, [o for o in wanted if o["kind"] in _CREATED_AFTER]):
+                futures = [
+                    self._create_pool.submit(self._ensure_one, obj, job.namespace, uid) for obj in wave
+                ]
+                error = next((e for e in [f.exception() for f in futures] if e is not None), None)  # waits
+                if error is not None:
+                    raise error
+                results.update((id(obj), f.result()) for obj, f in zip(wave, futures))
+                found = [results[id(o)] for o in wanted if id(o) in results]  # in the objects' order
+                if any(p is not None for p in found):
+                    break
+        problem = next((p for p in found if p is not None), None)
+        if problem is not None:
+            return problem
         self._ensured[key] = (uid, source, digest)
         return None
+
+    def _ensure_one(self, obj: dict[str, Any], namespace: str, uid: str) -> failure_policy.Rejection | None:
+        """Create-if-absent one static child (see `_ensure_static`)."""
+        try:
+            created = self.kube.create(obj)
+        except LookupError as err:  # e.g. the PodGroup CRD of the chosen gang scheduler is absent
+            raise kube.Retry(f"cannot create {obj['kind']} {obj['metadata']['name']}: {err}", 30) from err
+        except kube.Rejected as err:
+            return _rejection(obj, err)
+        if created or obj["kind"] == "Secret":
+            # The operator may not read Secrets; the Secret's name carries the job's UID, so no
+            # Secret can have held it before the job existed (see contract.ray_token_secret_name).
+            return None
+        existing = self.kube.get(obj)
+        if existing is None:  # deleted since: the next pass creates it
+            raise kube.Retry(f"{obj['kind']} {obj['metadata']['name']} vanished while being ensured", 1)
+        if not ownership.owned_by(existing, uid):
+            log.warning(
+                "%s %s/%s is not owned by job uid %s", obj["kind"], namespace, obj["metadata"]["name"], uid
+            )
+            return ownership.not_owned(existing, uid)
+        if obj["kind"] == "ConfigMap":
+            self.kube.merge_patch(obj, {"data": obj["data"]})
+        return None
+
+
+#: Static children created only once the first wave exists: a RoleBinding names its Role.
+_CREATED_AFTER = frozenset({"RoleBinding"})
 
 
 def _rejection(obj: dict[str, Any], err: kube.Rejected) -> failure_policy.Rejection:

@@ -3,7 +3,8 @@
 One daemon per RLTrainingJob runs reconcile passes. Watch events on the job or on its pods only
 wake that daemon; bursts of events (a gang of pods starting) coalesce into one pass, and a pass
 always starts from a fresh read, so nothing depends on seeing every event (level-based). The
-daemon also wakes on its own after the plan's `requeue_after` (backoff, timeouts, TTL) or the
+event of a pass's own status write wakes nobody (`Executor.own_write`: that pass knew all it
+says). The daemon also wakes on its own after the plan's `requeue_after` (backoff, timeouts, TTL) or the
 resync period.
 
 No finalizer: the operator has nothing to clean up when a job goes (its children carry owner
@@ -20,6 +21,7 @@ Imported only by `rlhf operator` (it registers handlers with kopf at import time
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import logging
@@ -29,7 +31,11 @@ from typing import Any
 
 import kopf
 
+<<<<<<< HEAD
 from rlhf_operator import autoscaler, cache, kube, kueue
+=======
+from rlhf_operator import autoscaler, cache, crd, jobs, kube
+>>>>>>> s4-opspeed
 from rlhf_operator.executor import CREATE_WORKERS, Executor
 from rlhf_operator.labels import FINALIZER, GROUP, JOB_NAME, PLURAL, VERSION
 
@@ -37,6 +43,10 @@ from rlhf_operator.labels import FINALIZER, GROUP, JOB_NAME, PLURAL, VERSION
 RESYNC_SECONDS = float(os.environ.get("RLHF_OPERATOR_RESYNC_SECONDS", "300"))
 #: Collect a burst of watch events for this long before a pass.
 DEBOUNCE_SECONDS = float(os.environ.get("RLHF_OPERATOR_DEBOUNCE_SECONDS", "0.2"))
+#: Passes running at once, over all jobs, each in a thread of its own pool: not the event loop's
+#: default executor (min(32, CPUs + 4) threads, 6 on a 2-core node), which aiohttp's DNS lookups
+#: for kopf's own connections share, and which a burst of new jobs' first passes filled.
+PASS_WORKERS = int(os.environ.get("RLHF_OPERATOR_PASS_WORKERS", "16"))
 
 #: Template of the controller pod's /metrics URL the autoscaler scrapes when a job names no
 #: Prometheus (`{job}`, `{namespace}` substituted); set by `rlhf operator --controller-metrics-url`.
@@ -46,6 +56,7 @@ CONTROLLER_METRICS_URL_ENV = "RLHF_OPERATOR_CONTROLLER_METRICS_URL"
 #: under the same name briefly has two daemons, the old one about to find its job gone.
 _wake: dict[tuple[str, str], dict[str, asyncio.Event]] = {}
 _executor: Executor | None = None
+_passes: concurrent.futures.ThreadPoolExecutor | None = None
 #: The pods of every job, fed by the pod watch below: a pass reads them from here (`cache`).
 _pods = cache.PodCache(relist_seconds=float(os.environ.get("RLHF_OPERATOR_RELIST_SECONDS", "300")))
 
@@ -53,16 +64,25 @@ log = logging.getLogger(__name__)
 
 
 def _get_executor() -> Executor:
-    global _executor
+    global _executor, _passes
+    if _passes is None:
+        _passes = concurrent.futures.ThreadPoolExecutor(PASS_WORKERS, thread_name_prefix="rlhf-pass")
     if _executor is None:
         url = os.environ.get(CONTROLLER_METRICS_URL_ENV) or autoscaler.DEFAULT_CONTROLLER_METRICS_URL
         prefixes = autoscaler.prometheus_url_prefixes(os.environ)
+        # One pooled connection per thread that calls the API (the client's default is 5 per CPU:
+        # the rest opened a fresh TLS connection for each request, and dropped it).
+        client = kube.Kube(pool_size=PASS_WORKERS + CREATE_WORKERS)
         _executor = Executor(
-            kube.Kube(),
+            client,
             controller_metrics_url=url,
             prometheus_url_prefixes=prefixes,
             pod_cache=_pods,
             create_workers=CREATE_WORKERS,
+            installed_rules=jobs.InstalledRules(
+                lambda: client.crd_annotations(crd.CRD_NAME),
+                recheck_seconds=float(os.environ.get("RLHF_OPERATOR_CRD_RECHECK_SECONDS", "60")),
+            ),
         )
     return _executor
 
@@ -79,7 +99,13 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = int(os.environ.get("RLHF_OPERATOR_WATCH_SERVER_TIMEOUT", "300"))
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.watching.connect_timeout = 30
-    settings.batching.worker_limit = int(os.environ.get("RLHF_OPERATOR_WORKER_LIMIT", "32"))
+    # kopf runs one worker per watched object (each job, each pod) and keeps it `idle_timeout`
+    # after the object's last event. Capped at 32 with kopf's 5 s idle time, a burst of new pods
+    # (10 jobs: 110 objects) waited for idle workers to expire: the operator saw pod events 3 to 4 s
+    # late (operator_scale.py). Our handlers only wake a daemon, so workers are cheap and short-lived.
+    limit = int(os.environ.get("RLHF_OPERATOR_WORKER_LIMIT", "0"))
+    settings.queueing.worker_limit = limit or None  # 0: no limit
+    settings.queueing.idle_timeout = float(os.environ.get("RLHF_OPERATOR_WORKER_IDLE_SECONDS", "1"))
     settings.posting.level = logging.WARNING  # our own Events carry the transitions
     # kopf pauses *every* operator when peers share a priority, so each replica draws its own:
     # the highest is active, the others stand by until its peering record expires.
@@ -92,6 +118,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
+    # Which rules the API server enforces (`jobs.InstalledRules`), read before any job is served:
+    # otherwise the first passes of a burst of new jobs all waited for that read.
+    rules = _get_executor().installed_rules
+    if rules is not None:
+        rules.enforced()
 
 
 @kopf.on.probe(id="jobs")
@@ -101,7 +132,14 @@ def jobs_probe(**_: Any) -> int:
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def job_event(name: str | None, namespace: str | None, **_: Any) -> None:
+async def job_event(
+    name: str | None, namespace: str | None, meta: kopf.Meta, type: str | None, **_: Any
+) -> None:
+    own = _executor is not None and _executor.own_write(
+        namespace or "", name or "", meta.get("resourceVersion")
+    )
+    if own and type != "DELETED":
+        return  # the echo of a pass's own status write: that pass knew all it says
     _wake_job(namespace, name)
 
 
@@ -131,7 +169,8 @@ async def job_worker(
         while not stopped:
             wake.clear()
             try:
-                outcome = await asyncio.to_thread(executor.reconcile, namespace, name, None, uid)
+                loop = asyncio.get_running_loop()
+                outcome = await loop.run_in_executor(_passes, executor.reconcile, namespace, name, None, uid)
             except kube.Retry as err:
                 raise kopf.TemporaryError(str(err), delay=err.delay) from err
             if outcome.gone:

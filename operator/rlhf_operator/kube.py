@@ -72,11 +72,17 @@ def path(api_version: str, kind: str, namespace: str, name: str | None = None, s
 class Kube:
     """Synchronous calls; the operator runs them in worker threads, tests call them directly."""
 
-    def __init__(self, api_client: Any = None) -> None:
+    def __init__(self, api_client: Any = None, pool_size: int | None = None) -> None:
+        """`api_client`: the official client's ApiClient; by default one on the loaded kubeconfig
+        (or in-cluster) configuration, with `pool_size` pooled connections (None: the client's
+        default, 5 per CPU)."""
         if api_client is None:
             from kubernetes import client
 
-            api_client = client.ApiClient()
+            config = client.Configuration.get_default_copy()
+            if pool_size:
+                config.connection_pool_maxsize = pool_size
+            api_client = client.ApiClient(config)
         self.api = api_client
 
     def _call(
@@ -86,6 +92,7 @@ class Kube:
         body: Any = None,
         query: list[tuple[str, Any]] | None = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
     ) -> Any:
         from kubernetes.client.exceptions import ApiException
 
@@ -94,7 +101,7 @@ class Kube:
                 method=method,
                 resource_path=url,
                 query_params=query or [],
-                header_params={"Accept": "application/json", "Content-Type": content_type},
+                header_params={"Accept": accept, "Content-Type": content_type},
                 body=body,
                 auth_settings=["BearerToken"],
             )
@@ -133,6 +140,22 @@ class Kube:
             "GET", path("v1", "Pod", namespace), query=[("labelSelector", f"{labels.JOB_NAME}={job}")]
         )
         return list(data.get("items") or []), (data.get("metadata") or {}).get("resourceVersion")
+
+    def crd_annotations(self, name: str) -> dict[str, str] | None:
+        """The annotations of the CustomResourceDefinition `name`, or None when there is none.
+
+        A LIST narrowed to that name, of metadata only: the chart grants kopf's discovery `list`
+        on CRDs (not `get`), and the RLTrainingJob CRD itself is half a megabyte."""
+        data = self._call(
+            "GET",
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            query=[("fieldSelector", f"metadata.name={name}")],
+            accept="application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+        )
+        items = (data or {}).get("items") or []
+        if not items:
+            return None
+        return dict((items[0].get("metadata") or {}).get("annotations") or {})
 
     def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         """The stored object of `obj`'s kind, namespace and name, or None when there is none."""

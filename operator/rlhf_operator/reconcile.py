@@ -191,6 +191,8 @@ class Pass:
     leaving: set[str] = field(default_factory=set)
     members: list[dict[str, Any]] = field(default_factory=list)
     expected: int = 0
+    #: The API server has enforced the CRD's rules on `body` (`jobs.InstalledRules`).
+    admitted: bool = False
 
     @classmethod
     def start(cls, body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime) -> Pass:
@@ -335,7 +337,7 @@ DONE, NEXT = True, False
 def parse_spec(p: Pass) -> bool:
     """An invalid spec fails the job (`InvalidSpec`, every problem named); the handler then stops."""
     try:
-        p.out.job = jobs.parse(p.body)
+        p.out.job = jobs.parse(p.body, admitted=p.admitted)
     except SpecError as err:
         message = "; ".join(err.errors)
         p.out.invalid = message
@@ -756,10 +758,12 @@ STEPS: tuple[Step, ...] = (
 )
 
 
-def plan(body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime) -> Plan:
+def plan(body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime, admitted: bool = False) -> Plan:
     """Reconcile one job. `body` is the job as read from the API server; `pods` its labelled pods
-    (only those whose controller owner reference carries the job's UID count; see `ownership`)."""
+    (only those whose controller owner reference carries the job's UID count; see `ownership`);
+    `admitted`: the API server enforced the CRD's rules on `body` (see `jobs.parse`)."""
     p = Pass.start(body, pods, now)
+    p.admitted = admitted
     for step in STEPS:
         if step(p) is DONE:
             break

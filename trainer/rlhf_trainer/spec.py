@@ -2073,12 +2073,20 @@ def parse_spec(spec: dict[str, Any], path: str = "spec") -> JobSpec:
     return typing.cast(JobSpec, job)
 
 
-def parse_job(doc: dict[str, Any], old: dict[str, Any] | None = None) -> RLTrainingJob:
+def parse_job(
+    doc: dict[str, Any], old: dict[str, Any] | None = None, *, admitted: bool = False
+) -> RLTrainingJob:
     """Validate a whole RLTrainingJob object (as read from YAML or the API server).
 
     First the CRD's own schema and CEL rules, as the API server applies them (`admission`; `old`:
     the stored object, for an update), then the typed spec is built from the defaulted object,
-    with the finer checks of this module."""
+    with the finer checks of this module.
+
+    `admitted`: `doc` was read from an API server that has already enforced exactly these schema
+    and CEL rules (the operator decides that from the installed CRD's schema digest, see
+    `rlhf_operator.crd`); their evaluation here (most of the cost, and the CEL interpreter's
+    memory) is skipped, the typed loader's own checks still run. Everything that reads a manifest
+    without an API server (`rlhf validate`, `rlhf run`) leaves it False."""
     errs = []
     if not isinstance(doc, dict):
         raise SpecError([f"manifest: expected a mapping, got {type(doc).__name__}"])
@@ -2108,7 +2116,7 @@ def parse_job(doc: dict[str, Any], old: dict[str, Any] | None = None) -> RLTrain
     # The CRD's own schema and rules, evaluated as the API server does: whatever it refuses is
     # refused here too, even where the checks above have nothing to say. All at once: a field the
     # checks above already named is not named twice.
-    _, server = admission.admit(doc, old)
+    server = [] if admitted else admission.admit(doc, old)[1]
     named = {e.split(":", 1)[0].strip() for e in errs}
     errs.extend(e for e in server if e.split(":", 1)[0].strip() not in named)
     if errs or spec is None:

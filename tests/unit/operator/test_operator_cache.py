@@ -3,9 +3,14 @@ seeding LIST and the watch's events are merged whichever comes first."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from rlhf_operator.cache import PodCache
+import pytest
+from operator_helpers import at, job, names, phase, running, scheduled, unschedulable, with_status
+
+from rlhf_operator import reconcile
+from rlhf_operator.cache import PodCache, _trim
 
 
 class Clock:
@@ -101,3 +106,58 @@ def test_pods_without_the_job_label_are_ignored() -> None:
     cache.observe("ADDED", stray)
     cache.seed("ns", "j", [], "1")
     assert state(cache) == {}
+
+
+def _states() -> list[tuple[str, dict[str, Any], list[dict[str, Any]], float]]:
+    """A job's pods in the states the plan reads them in, as the API server returns them."""
+    body = job(scheduling={"queueName": "team-a"})
+    first = reconcile.plan(body, [], at(0))
+    body = with_status(body, first.status)
+    pods = [copy.deepcopy(p) for p in first.create]
+    for p in pods:  # what the server adds to a created pod (ownership: the job's UID)
+        p["metadata"].setdefault("uid", "uid-" + p["metadata"]["name"])
+    pull = running(pods[1])
+    pull["status"].update(
+        phase="Pending",
+        containerStatuses=[
+            # No image here: the report names the spec's (`pod_health._image`).
+            {"name": "trainer", "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}}}
+        ],
+    )
+    gated = copy.deepcopy(pods[0])
+    gated["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    return [
+        ("created", body, pods, 1),
+        ("gated", body, [gated, *pods[1:]], 1),
+        ("unschedulable", body, [unschedulable(p, "0/3 nodes are available") for p in pods], 120),
+        ("bound", body, [scheduled(p) for p in pods], 2),
+        ("running", body, [running(p) for p in pods], 3),
+        ("image pull", body, [running(pods[0]), pull, *[running(p) for p in pods[2:]]], 400),
+        ("failed", body, [phase(pods[0], "Failed", "Error"), *[running(p) for p in pods[1:]]], 4),
+    ]
+
+
+@pytest.mark.parametrize("name,body,pods,t", _states(), ids=[s[0] for s in _states()])
+def test_the_plan_from_cached_pods_is_the_plan_from_whole_pods(
+    name: str, body: dict[str, Any], pods: list[dict[str, Any]], t: float
+) -> None:
+    """The cache keeps only the fields of a pod the operator reads (`cache._trim`): a plan must not
+    tell the two apart (a new read of another field fails here)."""
+    whole = reconcile.plan(body, copy.deepcopy(pods), at(t))
+    cached = reconcile.plan(body, [_trim(p) for p in pods], at(t))
+
+    def seen(plan: reconcile.Plan) -> Any:
+        return (
+            plan.status,
+            names(plan.create),
+            names(plan.delete),
+            names(plan.release),
+            plan.events,
+            plan.requeue_after,
+            [b.describe() for b in plan.blocked],
+        )
+
+    assert seen(cached) == seen(whole)
+    assert all(
+        set(_trim(p)["spec"]) <= {"nodeName", "schedulingGates", "containers", "initContainers"} for p in pods
+    )

@@ -133,3 +133,19 @@ def test_chart_values_are_all_documented() -> None:
             covered_below = indent
             continue
         assert stripped.endswith(":"), f"values.yaml line {i + 1} is undocumented: {line!r}"
+
+
+def test_the_crd_carries_the_digest_of_its_own_spec_which_the_operator_expects() -> None:
+    import yaml
+
+    for path in crd.CRD_FILES:
+        doc = yaml.safe_load(path.read_text())
+        carried = doc["metadata"]["annotations"][crd.SCHEMA_DIGEST_ANNOTATION]
+        assert carried == crd.schema_digest(doc["spec"]) == crd.expected_schema_digest(), path
+
+
+def test_any_change_to_a_rule_changes_the_digest() -> None:
+    spec = crd.build_crd()["spec"]
+    root = spec["versions"][0]["schema"]["openAPIV3Schema"]
+    root["x-kubernetes-validations"][0]["rule"] += " && true"
+    assert crd.schema_digest(spec) != crd.expected_schema_digest()

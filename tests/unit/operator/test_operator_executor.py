@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 from operator_helpers import at, job, merge_patch
 
-from rlhf_operator import kube, kueue
+from rlhf_operator import crd, jobs, kube, kueue
 from rlhf_operator.cache import PodCache
 from rlhf_operator.executor import Executor
 
@@ -53,6 +57,12 @@ class FakeKube:
             return False
         if self.crash_after is not None and self.creates >= self.crash_after:
             raise Crash("operator killed")
+        role = obj.get("roleRef") or {}
+        if obj["kind"] == "RoleBinding" and ("Role", role.get("name")) not in self.objects:
+            # As the API server's RBAC escalation check: the roleRef must resolve.
+            raise LookupError(
+                f"POST rolebindings: roles.rbac.authorization.k8s.io {role.get('name')!r} not found"
+            )
         if obj["metadata"]["name"] in self.reject:
             code, message = self.reject[obj["metadata"]["name"]]
             self.log.append(f"refused {obj['kind']} {obj['metadata']['name']}")
@@ -266,10 +276,40 @@ def test_a_pass_before_the_watch_showed_new_pods_creates_no_duplicate() -> None:
     assert sum(1 for e in fake.log if e.startswith("create Pod")) == created
 
 
-def test_parallel_creation_creates_every_pod_once() -> None:
-    fake = FakeKube(job())
+class SlowRoleKube(FakeKube):
+    """Creating the Role waits until a RoleBinding is attempted (at most a second), so that a
+    RoleBinding sent alongside its Role reaches the API before the Role exists, every time."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        super().__init__(body)
+        self.binding_attempted = threading.Event()
+
+    def create(self, obj: dict[str, Any]) -> bool:
+        if obj["kind"] == "RoleBinding":
+            self.binding_attempted.set()
+        elif obj["kind"] == "Role":
+            self.binding_attempted.wait(timeout=1.0)
+        return super().create(obj)
+
+
+def test_parallel_creation_creates_every_child_and_pod_once() -> None:
+    fake = SlowRoleKube(job())
     ex = Executor(fake, create_workers=4)  # type: ignore[arg-type]
-    run(ex)
+    run(ex)  # a RoleBinding before its Role: LookupError, the pass fails
+    static = [e for e in fake.log if e.startswith("create") and not e.startswith("create Pod")]
+    assert sorted(static) == sorted(
+        f"create {k}"
+        for k in (
+            "ServiceAccount j",
+            "Role j",
+            "RoleBinding j",
+            "Secret j-ray-token-uid-1",
+            "ConfigMap j-spec",
+            "Service j",
+            "NetworkPolicy j",
+        )
+    )
+    assert fake.log.index("status Pending") == len(static)  # every child before the status write
     assert sorted(e for e in fake.log if e.startswith("create Pod")) == [
         f"create Pod j-{n}"
         for n in ("actor-0", "actor-1", "controller", "reference-0", "rollout-0", "rollout-1")
@@ -488,3 +528,116 @@ def test_pods_of_a_live_job_are_left_to_its_reconcile() -> None:
     for pod in pods:
         ex.release_orphan(pod)
     assert sum(kueue.released(o) for (k, _), o in fake.objects.items() if k == "Pod") == 4
+
+
+@pytest.mark.parametrize("digest_matches", [True, False])
+def test_the_crd_rules_are_left_to_the_api_server_only_when_it_runs_this_operators_crd(
+    digest_matches: bool,
+) -> None:
+    """A job the CRD's CEL rules refuse (PPO without a critic) can only exist when the installed CRD
+    lacks the rule: with this operator's CRD installed the operator trusts the server's admission
+    and creates the job's pods; with another CRD (digest differs) it evaluates every rule itself
+    and fails the job, as before."""
+    jobs.clear()
+    digest = crd.expected_schema_digest() if digest_matches else "sha256:" + "1" * 64
+    rules = jobs.InstalledRules(lambda: {crd.SCHEMA_DIGEST_ANNOTATION: digest})
+    fake = FakeKube(job(algorithm={"name": "ppo"}))
+    ex = Executor(fake, installed_rules=rules)  # type: ignore[arg-type]
+    out = run(ex)
+    ex.forget("ns", "j")  # the operator's metrics are global: leave no job behind
+    assert fake.job is not None
+    if digest_matches:
+        assert out.invalid is None
+        assert any(e.startswith("create Pod") for e in fake.log)
+    else:
+        assert out.invalid and "critic" in out.invalid
+        assert fake.job["status"]["phase"] == "Failed"
+        assert not any(e.startswith("create Pod") for e in fake.log)
+
+
+def test_an_operator_that_trusts_the_api_server_never_imports_the_cel_interpreter() -> None:
+    """The CEL interpreter (cel-python and its parser, lark) is most of the operator's peak memory;
+    with this operator's CRD installed, a whole pass must run without it."""
+    code = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from operator_helpers import job
+from test_operator_executor import FakeKube
+from rlhf_operator import crd, jobs
+from rlhf_operator.executor import Executor
+rules = jobs.InstalledRules(lambda: {crd.SCHEMA_DIGEST_ANNOTATION: crd.expected_schema_digest()})
+fake = FakeKube(job())
+Executor(fake, installed_rules=rules).reconcile("ns", "j")
+assert any(e.startswith("create Pod") for e in fake.log), fake.log
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("celpy", "lark")))
+"""
+    here = str(Path(__file__).parent)
+    res = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
+
+
+def test_a_pass_right_after_a_status_write_has_nothing_to_do() -> None:
+    """The operator does not wake a job's daemon for the watch event of the daemon's own status
+    write (`Executor.own_write`). That is only sound if such a pass never has anything to do,
+    unless the pass that wrote also created, deleted or patched pods (their watch events wake
+    the daemon) or asked to run again at once. A job walked through creation, scheduling, a gang
+    restart, suspend, resume and success, with a pass on the echo of every other write."""
+    fake = FakeKube(job())
+    ex = Executor(fake)  # type: ignore[arg-type]
+    echoes = 0
+
+    def step(t: float) -> None:
+        nonlocal echoes
+        assert fake.job is not None
+        version, start = fake.job["metadata"]["resourceVersion"], len(fake.log)
+        out = run(ex, t)
+        touched_pods = any(
+            e.split()[:2] in (["create", "Pod"], ["delete", "Pod"], ["annotate", "Pod"])
+            for e in fake.log[start:]
+        )
+        if fake.job is None or fake.job["metadata"]["resourceVersion"] == version:
+            return
+        assert ex.own_write("ns", "j", fake.job["metadata"]["resourceVersion"])
+        if touched_pods or out.requeue_after == 0:
+            return
+        before = list(fake.log)
+        run(ex, t)  # the echo: the same job, the same pods, the same time
+        assert fake.log == before, f"the echo of a write at t={t} made {fake.log[len(before) :]}"
+        echoes += 1
+
+    step(0)
+    fake.set_pods("Pending")
+    step(1)
+    fake.set_pods("Running")
+    step(2)
+    fake.objects[("Pod", "j-actor-1")]["status"] = {"phase": "Failed", "reason": "Error"}
+    step(3)  # gang restart: pods deleted, backoff
+    for t in (4, 20, 40):
+        step(t)
+    fake.set_pods("Running")
+    step(60)
+    assert fake.job is not None and fake.job["status"]["phase"] == "Running"
+    fake.job["spec"]["suspend"] = True
+    step(61)
+    fake.objects = {k: v for k, v in fake.objects.items() if k[0] != "Pod"}  # the kubelet stopped them
+    step(62)
+    fake.job["spec"]["suspend"] = False
+    step(63)
+    fake.set_pods("Running")
+    step(64)
+    fake.objects[("Pod", "j-controller")]["status"] = {"phase": "Succeeded"}
+    step(65)
+    assert fake.job is not None and fake.job["status"]["phase"] == "Succeeded"
+    assert echoes >= 4  # the check above ran (most writes here come with pod changes)
+    assert not ex.own_write("ns", "j", "someone else's")
+    ex.forget("ns", "j")  # the operator's metrics are global: leave no job behind
+
+
+def test_with_debug_logging_each_pass_says_where_its_time_went(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeKube(job())
+    with caplog.at_level("DEBUG", logger="rlhf_operator"):
+        run(Executor(fake, create_workers=4))  # type: ignore[arg-type]
+    (line,) = [r.getMessage() for r in caplog.records if ": pass " in r.getMessage()]
+    stages = [part.split()[0] for part in line.split("(", 1)[1].rstrip(")").split(", ")]
+    assert stages == ["get", "parse/autoscale", "pods", "plan[Pending]", "static", "status", "create[6]"]

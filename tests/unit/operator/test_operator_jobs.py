@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from operator_helpers import job
 
-from rlhf_operator import jobs
+from rlhf_operator import crd, jobs, kube
 from rlhf_trainer import spec as spec_module
 from rlhf_trainer.spec import SpecError
 
@@ -18,9 +18,9 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
     real = spec_module.parse_job
 
-    def parse_job(doc: dict[str, Any], old: dict[str, Any] | None = None) -> Any:
+    def parse_job(doc: dict[str, Any], old: dict[str, Any] | None = None, *, admitted: bool = False) -> Any:
         calls.append(doc)
-        return real(doc, old)
+        return real(doc, old, admitted=admitted)
 
     monkeypatch.setattr(jobs, "parse_job", parse_job)
     jobs.clear()
@@ -69,3 +69,102 @@ def test_one_entry_per_job_dropped_when_forgotten(counted: list[dict[str, Any]])
     jobs.forget("ns", "j")
     jobs.parse(scaled)
     assert len(counted) == 3
+
+
+# -- the API server's rules, trusted when the installed CRD is this operator's -----------------
+
+#: A job the CRD's CEL rules refuse (PPO trains a critic) and the typed loader alone accepts:
+#: what a parse does with it tells whether the rules were evaluated.
+PPO_WITHOUT_CRITIC = {"algorithm": {"name": "ppo"}}
+
+
+def ppo_without_critic() -> dict[str, Any]:
+    return job(**PPO_WITHOUT_CRITIC)
+
+
+def test_admitted_skips_only_the_crd_rules_the_api_server_enforced() -> None:
+    jobs.clear()
+    with pytest.raises(SpecError) as refused:
+        jobs.parse(ppo_without_critic())
+    assert any("critic" in e for e in refused.value.errors)
+    assert jobs.parse(ppo_without_critic(), admitted=True).spec.algorithm.name == "ppo"
+    # The typed loader's own checks still run on an admitted job.
+    with pytest.raises(SpecError):
+        jobs.parse(job(failurePolicy={"maxRestarts": "two"}), admitted=True)
+
+
+def test_a_parse_is_not_reused_across_modes(counted: list[dict[str, Any]]) -> None:
+    body = ppo_without_critic()
+    jobs.parse(body, admitted=True)
+    with pytest.raises(SpecError):  # the installed CRD changed: every rule evaluated again
+        jobs.parse(body, admitted=False)
+    assert len(counted) == 2
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def installed(
+    annotations: dict[str, str] | None, reads: list[int], clock: Clock | None = None
+) -> jobs.InstalledRules:
+    def read() -> dict[str, str] | None:
+        reads.append(1)
+        return annotations
+
+    return jobs.InstalledRules(read, recheck_seconds=60, clock=clock or Clock())
+
+
+def test_the_rules_are_enforced_only_when_the_installed_crd_carries_this_operators_digest() -> None:
+    mine = {crd.SCHEMA_DIGEST_ANNOTATION: crd.expected_schema_digest(), "other": "x"}
+    assert installed(mine, []).enforced()
+    older = {crd.SCHEMA_DIGEST_ANNOTATION: "sha256:" + "0" * 64}
+    assert not installed(older, []).enforced()
+    assert not installed({}, []).enforced()  # a CRD of a release before the digest
+    assert not installed(None, []).enforced()  # no CRD at all
+
+
+def test_a_crd_that_cannot_be_read_means_every_rule_is_evaluated() -> None:
+    def forbidden() -> dict[str, str] | None:
+        raise kube.Rejected("GET: HTTP 403: forbidden", 403, "forbidden")
+
+    assert not jobs.InstalledRules(forbidden).enforced()
+
+
+def test_the_installed_crd_is_read_again_after_the_recheck_period(caplog: pytest.LogCaptureFixture) -> None:
+    clock, reads = Clock(), []
+    annotations = {crd.SCHEMA_DIGEST_ANNOTATION: crd.expected_schema_digest()}
+    rules = installed(annotations, reads, clock)
+    assert rules.enforced() and rules.enforced()
+    assert len(reads) == 1
+    annotations[crd.SCHEMA_DIGEST_ANNOTATION] = "sha256:older"  # the CRD was replaced
+    clock.t = 59
+    assert rules.enforced()
+    clock.t = 60
+    with caplog.at_level("WARNING", logger="rlhf_operator"):
+        assert not rules.enforced()
+        assert not rules.enforced()
+    assert len(reads) == 2
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "sha256:older" in caplog.records[0].message
+
+
+def test_a_failed_read_is_retried_soon_not_after_the_recheck_period() -> None:
+    clock, calls = Clock(), []
+
+    def read() -> dict[str, str] | None:
+        calls.append(clock.t)
+        if len(calls) == 1:
+            raise kube.Retry("GET: connection refused")
+        return {crd.SCHEMA_DIGEST_ANNOTATION: crd.expected_schema_digest()}
+
+    rules = jobs.InstalledRules(read, recheck_seconds=60, clock=clock)
+    assert not rules.enforced()
+    clock.t = jobs.RETRY_SECONDS
+    assert rules.enforced()
+    clock.t += 59
+    assert rules.enforced() and len(calls) == 2

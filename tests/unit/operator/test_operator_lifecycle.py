@@ -3,8 +3,12 @@ operator), the daemon of a deleted or recreated job stops, and the operator's me
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import json
+from pathlib import Path
 
+import pytest
 from operator_helpers import job
 from test_operator_executor import FakeKube, run
 
@@ -64,3 +68,67 @@ def test_a_stopped_daemon_forgets_its_job_but_not_a_recreated_one() -> None:
     assert metrics.jobs_by_phase()["Pending"] == before["Pending"] + 1
     ex.forget("ns", "j", "uid-2")
     assert metrics.jobs_by_phase() == before
+
+
+def test_the_echo_of_the_operators_own_status_write_wakes_no_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlhf_operator import handlers
+
+    fake = FakeKube(job())
+    ex = Executor(fake)  # type: ignore[arg-type]
+    run(ex)
+    assert fake.job is not None
+    mine = fake.job["metadata"]["resourceVersion"]
+    monkeypatch.setattr(handlers, "_executor", ex)
+    wake = asyncio.Event()
+    monkeypatch.setitem(handlers._wake, ("ns", "j"), {"uid": wake})
+
+    def event(version: str, type_: str = "MODIFIED") -> bool:
+        wake.clear()
+        asyncio.run(
+            handlers.job_event(name="j", namespace="ns", meta={"resourceVersion": version}, type=type_)
+        )
+        return wake.is_set()
+
+    assert not event(mine)
+    assert event(str(int(mine) + 1))  # someone else's write (kubectl, the controller pod)
+    assert event(mine, "DELETED")
+    ex.forget("ns", "j")
+
+
+def test_kopf_neither_caps_nor_keeps_idle_the_per_object_workers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """kopf handles each watched object's events in a worker of its own. Capped at 32 with kopf's
+    5 s idle time, the events of a burst of new pods waited for idle workers to expire (seconds)."""
+    import kopf
+
+    from rlhf_operator import handlers
+
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    from kubernetes import client
+    from kubernetes.config import kube_config
+
+    # configure() loads the kubeconfig into the client's process-wide default: restored afterwards.
+    monkeypatch.setattr(client.Configuration, "_default", getattr(client.Configuration, "_default", None))
+    (tmp_path / "kubeconfig").write_text(json.dumps(config))
+    # The client reads $KUBECONFIG when it is imported: point its default there instead.
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "kubeconfig"))
+    monkeypatch.delenv("RLHF_OPERATOR_WORKER_LIMIT", raising=False)
+    monkeypatch.setattr(handlers, "_executor", None)  # configure() makes one (on that kubeconfig)
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings=settings)
+    assert settings.queueing.worker_limit is None
+    assert settings.queueing.idle_timeout <= 1.0
+
+
+def test_the_api_client_pools_a_connection_per_calling_thread() -> None:
+    from rlhf_operator import kube
+
+    assert kube.Kube(pool_size=24).api.configuration.connection_pool_maxsize == 24

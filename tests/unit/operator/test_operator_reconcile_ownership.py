@@ -139,14 +139,15 @@ def foreign(kind: str, name: str, api_version: str = "v1", **extra: Any) -> dict
         ("Service", "j", {"spec": {"selector": {"app": "user"}}}),
     ],
 )
+@pytest.mark.parametrize("workers", [1, 4], ids=["one-by-one", "in-parallel"])
 def test_a_same_named_child_the_job_does_not_own_is_refused_not_adopted(
-    kind: str, name: str, extra: dict[str, Any]
+    kind: str, name: str, extra: dict[str, Any], workers: int
 ) -> None:
     fake = FakeKube(job())
     api_version = "rbac.authorization.k8s.io/v1" if kind.startswith("Role") else "v1"
     theirs = foreign(kind, name, api_version, **extra)
     fake.objects[(kind, name)] = copy.deepcopy(theirs)
-    ex = Executor(fake)  # type: ignore[arg-type]
+    ex = Executor(fake, create_workers=workers)  # type: ignore[arg-type]
     out = run(ex)
 
     assert fake.objects[(kind, name)] == theirs  # never overwritten
