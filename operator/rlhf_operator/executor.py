@@ -178,7 +178,6 @@ class Executor:
                 self.pod_cache.forget(namespace, name)
         metrics.forget_job(namespace, name, uid)
 
-<<<<<<< HEAD
     def release_orphan(self, pod: dict[str, Any]) -> None:
         """Release the Kueue pod group of `pod` when its job is gone (`kueue.orphaned`): deleting a
         job (or its namespace) deletes its pods through the garbage collector, with no reconcile
@@ -200,7 +199,7 @@ class Executor:
                     meta["name"],
                     err,
                 )
-=======
+
     def own_write(self, namespace: str, name: str, resource_version: str | None) -> bool:
         """Whether the job at `resource_version` is what one of this executor's status writes made
         of it. Its watch event then tells a pass nothing it did not know: the write is conditional
@@ -223,7 +222,6 @@ class Executor:
                     str(version)
                 )
         return out
->>>>>>> s4-opspeed
 
     def reconcile(
         self, namespace: str, name: str, now: dt.datetime | None = None, uid: str | None = None

@@ -31,11 +31,7 @@ from typing import Any
 
 import kopf
 
-<<<<<<< HEAD
-from rlhf_operator import autoscaler, cache, kube, kueue
-=======
-from rlhf_operator import autoscaler, cache, crd, jobs, kube
->>>>>>> s4-opspeed
+from rlhf_operator import autoscaler, cache, crd, jobs, kube, kueue
 from rlhf_operator.executor import CREATE_WORKERS, Executor
 from rlhf_operator.labels import FINALIZER, GROUP, JOB_NAME, PLURAL, VERSION
 
