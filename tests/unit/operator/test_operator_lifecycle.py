@@ -132,3 +132,35 @@ def test_the_api_client_pools_a_connection_per_calling_thread() -> None:
     from rlhf_operator import kube
 
     assert kube.Kube(pool_size=24).api.configuration.connection_pool_maxsize == 24
+
+
+def test_the_jobs_by_phase_gauge_survives_passes_in_many_threads() -> None:
+    """Passes run on a pool of threads (`handlers.PASS_WORKERS`): each records its job's phase
+    and a stopping daemon forgets its job while others refresh the gauge. Unguarded, the tally
+    iterated the phases while another thread changed them ("dictionary changed size during
+    iteration": the pass raised after its work was done)."""
+    import sys
+    import threading
+
+    errors: list[str] = []
+    interval = sys.getswitchinterval()
+
+    def passes(i: int) -> None:
+        try:
+            for k in range(1500):
+                metrics.observe_phase("race", f"j{i}-{k % 40}", "Running", "u")
+                metrics.forget_job("race", f"j{i}-{k % 40}", "u")
+        except Exception as err:  # noqa: BLE001 - collected, asserted below
+            errors.append(repr(err))
+
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        threads = [threading.Thread(target=passes, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+    assert not [k for k in metrics._phases if k[0] == "race"]
