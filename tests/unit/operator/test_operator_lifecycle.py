@@ -164,3 +164,51 @@ def test_the_jobs_by_phase_gauge_survives_passes_in_many_threads() -> None:
         sys.setswitchinterval(interval)
     assert not errors, errors
     assert not [k for k in metrics._phases if k[0] == "race"]
+
+
+def test_a_pod_event_wakes_its_job_whatever_the_orphan_release_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Kueue group pod being deleted and not released (Kueue preempting a live job, or the
+    garbage collector deleting a deleted job's pods) makes the pod watch look for an orphan. That
+    look-up must neither hold back nor swallow the wake-up of the job's daemon (a transient API
+    error raised out of the handler before it woke the job), and it runs on the operator's pass
+    pool, not the event loop's default executor (kopf's DNS lookups; a namespace's deletion sends
+    an event for each of its pods, and kopf's per-object workers are uncapped)."""
+    import threading
+
+    from rlhf_operator import handlers, kube, kueue
+
+    pod = {
+        "metadata": {
+            "name": "j-actor-0",
+            "namespace": "ns",
+            "uid": "pod-uid",
+            "resourceVersion": "7",
+            "labels": {"rlhf.dev/job-name": "j", "kueue.x-k8s.io/pod-group-name": "j-0123456789"},
+            "deletionTimestamp": "2025-01-01T12:00:00Z",
+        }
+    }
+    assert kueue.maybe_orphaned(pod)
+    threads: list[str] = []
+
+    class Failing(FakeKube):
+        def get_job(self, namespace: str, name: str) -> dict | None:  # type: ignore[type-arg]
+            threads.append(threading.current_thread().name)
+            raise kube.Retry("the API server is restarting")
+
+    ex = Executor(Failing(job()))  # type: ignore[arg-type]
+    monkeypatch.setattr(handlers, "_executor", ex)
+    wake = asyncio.Event()
+    monkeypatch.setitem(handlers._wake, ("ns", "j"), {"uid": wake})
+
+    async def deliver() -> None:
+        await handlers.pod_event(
+            namespace="ns", labels={"rlhf.dev/job-name": "j"}, event={"object": pod}, type="MODIFIED"
+        )
+
+    try:
+        asyncio.run(deliver())
+    finally:
+        handlers._pods.forget("ns", "j")
+        ex.forget("ns", "j")
+    assert wake.is_set()
+    assert threads and all(t.startswith("rlhf-pass") for t in threads), threads
