@@ -146,9 +146,16 @@ async def pod_event(
     pod: Any = event.get("object")
     if isinstance(pod, dict):
         _pods.observe(type, pod)
-        if type != "DELETED" and kueue.maybe_orphaned(pod):  # its job may be gone: no pass releases it
-            await asyncio.to_thread(_get_executor().release_orphan, pod)
+    # First: the look-up below is an API call that may fail, and a live job's pass needs no wait.
     _wake_job(namespace, labels.get(JOB_NAME))
+    if isinstance(pod, dict) and type != "DELETED" and kueue.maybe_orphaned(pod):
+        # Its job may be gone: no pass releases it. On the pass pool, not the loop's default
+        # executor (kopf's DNS lookups): a namespace's deletion brings an event for each pod.
+        executor = _get_executor()
+        try:
+            await asyncio.get_running_loop().run_in_executor(_passes, executor.release_orphan, pod)
+        except kube.Retry as err:  # the next event of the pod (or kopf's relist) tries again
+            log.warning("%s/%s: orphan check failed: %s", namespace, pod["metadata"].get("name"), err)
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_backoff=1.0, cancellation_timeout=10.0)

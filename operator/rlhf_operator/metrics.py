@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import Counter as _Tally
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -29,16 +30,19 @@ AUTOSCALE_DECISIONS = Counter(
 
 #: The last phase of each job the operator drives: (namespace, name) -> (uid, phase).
 _phases: dict[tuple[str, str], tuple[str | None, str]] = {}
+#: Passes record phases from many threads (the pass pool) while others tally them.
+_phases_lock = threading.Lock()
 
 
 def observe_phase(namespace: str, name: str, phase: str | None, uid: str | None = None) -> None:
     """Record a job's phase (None: the job is gone) and refresh the jobs-by-phase gauge."""
     key = (namespace, name)
-    if phase is None:
-        _phases.pop(key, None)
-    else:
-        _phases[key] = (uid, phase)
-    _refresh()
+    with _phases_lock:
+        if phase is None:
+            _phases.pop(key, None)
+        else:
+            _phases[key] = (uid, phase)
+        _refresh()
 
 
 def forget_job(namespace: str, name: str, uid: str | None = None) -> None:
@@ -46,15 +50,16 @@ def forget_job(namespace: str, name: str, uid: str | None = None) -> None:
     `RLHFJobFailed` clears once a failed job is deleted. With `uid`, only that incarnation (a job
     recreated under the same name keeps its series)."""
     key = (namespace, name)
-    recorded = _phases.get(key)
-    if recorded is not None and (uid is None or recorded[0] in (uid, None)):
-        del _phases[key]
-    _refresh()
+    with _phases_lock:
+        recorded = _phases.get(key)
+        if recorded is not None and (uid is None or recorded[0] in (uid, None)):
+            del _phases[key]
+        _refresh()
 
 
 def jobs_by_phase() -> dict[str, int]:
     """What `rlhf_operator_jobs` reports, by phase (every phase, zeros included)."""
-    tally = _Tally(phase for _, phase in _phases.values())
+    tally = _Tally(phase for _, phase in list(_phases.values()))  # a copy: see `_phases_lock`
     return {p: tally.get(p, 0) for p in PHASES}
 
 

@@ -132,3 +132,83 @@ def test_the_api_client_pools_a_connection_per_calling_thread() -> None:
     from rlhf_operator import kube
 
     assert kube.Kube(pool_size=24).api.configuration.connection_pool_maxsize == 24
+
+
+def test_the_jobs_by_phase_gauge_survives_passes_in_many_threads() -> None:
+    """Passes run on a pool of threads (`handlers.PASS_WORKERS`): each records its job's phase
+    and a stopping daemon forgets its job while others refresh the gauge. Unguarded, the tally
+    iterated the phases while another thread changed them ("dictionary changed size during
+    iteration": the pass raised after its work was done)."""
+    import sys
+    import threading
+
+    errors: list[str] = []
+    interval = sys.getswitchinterval()
+
+    def passes(i: int) -> None:
+        try:
+            for k in range(1500):
+                metrics.observe_phase("race", f"j{i}-{k % 40}", "Running", "u")
+                metrics.forget_job("race", f"j{i}-{k % 40}", "u")
+        except Exception as err:  # noqa: BLE001 - collected, asserted below
+            errors.append(repr(err))
+
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        threads = [threading.Thread(target=passes, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+    assert not [k for k in metrics._phases if k[0] == "race"]
+
+
+def test_a_pod_event_wakes_its_job_whatever_the_orphan_release_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Kueue group pod being deleted and not released (Kueue preempting a live job, or the
+    garbage collector deleting a deleted job's pods) makes the pod watch look for an orphan. That
+    look-up must neither hold back nor swallow the wake-up of the job's daemon (a transient API
+    error raised out of the handler before it woke the job), and it runs on the operator's pass
+    pool, not the event loop's default executor (kopf's DNS lookups; a namespace's deletion sends
+    an event for each of its pods, and kopf's per-object workers are uncapped)."""
+    import threading
+
+    from rlhf_operator import handlers, kube, kueue
+
+    pod = {
+        "metadata": {
+            "name": "j-actor-0",
+            "namespace": "ns",
+            "uid": "pod-uid",
+            "resourceVersion": "7",
+            "labels": {"rlhf.dev/job-name": "j", "kueue.x-k8s.io/pod-group-name": "j-0123456789"},
+            "deletionTimestamp": "2025-01-01T12:00:00Z",
+        }
+    }
+    assert kueue.maybe_orphaned(pod)
+    threads: list[str] = []
+
+    class Failing(FakeKube):
+        def get_job(self, namespace: str, name: str) -> dict | None:  # type: ignore[type-arg]
+            threads.append(threading.current_thread().name)
+            raise kube.Retry("the API server is restarting")
+
+    ex = Executor(Failing(job()))  # type: ignore[arg-type]
+    monkeypatch.setattr(handlers, "_executor", ex)
+    wake = asyncio.Event()
+    monkeypatch.setitem(handlers._wake, ("ns", "j"), {"uid": wake})
+
+    async def deliver() -> None:
+        await handlers.pod_event(
+            namespace="ns", labels={"rlhf.dev/job-name": "j"}, event={"object": pod}, type="MODIFIED"
+        )
+
+    try:
+        asyncio.run(deliver())
+    finally:
+        handlers._pods.forget("ns", "j")
+        ex.forget("ns", "j")
+    assert wake.is_set()
+    assert threads and all(t.startswith("rlhf-pass") for t in threads), threads
