@@ -78,8 +78,11 @@ class InstalledRules:
             now = self._clock()
             if self._checked_at is not None and now - self._checked_at < self._next_in:
                 return bool(self._enforced)
+            # This caller reads; the others keep the last answer meanwhile (before the first one:
+            # "not enforced", every rule evaluated), rather than wait on the lock for the read.
             self._checked_at = now
-            enforced, why, read = self._check()
+        enforced, why, read = self._check()
+        with self._lock:
             self._next_in = self.recheck_seconds if read else min(RETRY_SECONDS, self.recheck_seconds)
             if enforced != self._enforced:
                 if enforced:
@@ -90,7 +93,7 @@ class InstalledRules:
                 else:
                     log.warning("every rule of the CRD is evaluated here for each job: %s", why)
             self._enforced = enforced
-            return enforced
+        return enforced
 
     def _check(self) -> tuple[bool, str, bool]:
         """(enforced, why, whether the CRD could be read)."""

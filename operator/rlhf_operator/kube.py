@@ -53,6 +53,10 @@ class Rejected(Retry):
 
 #: HTTP statuses that mean "refused" rather than "failed" (see Rejected).
 REJECTED_STATUSES = (400, 403, 422)
+#: Seconds a call may take, connecting and reading (urllib3's (connect, read) timeouts). Without
+#: one a call to an API server that stops answering would hold its thread, and with it a pass (or
+#: the CRD check every pass consults), for good; past it the call is retried like a reset.
+REQUEST_TIMEOUT = (10.0, 60.0)
 
 
 class Conflict(Exception):
@@ -72,10 +76,16 @@ def path(api_version: str, kind: str, namespace: str, name: str | None = None, s
 class Kube:
     """Synchronous calls; the operator runs them in worker threads, tests call them directly."""
 
-    def __init__(self, api_client: Any = None, pool_size: int | None = None) -> None:
+    def __init__(
+        self,
+        api_client: Any = None,
+        pool_size: int | None = None,
+        request_timeout: tuple[float, float] = REQUEST_TIMEOUT,
+    ) -> None:
         """`api_client`: the official client's ApiClient; by default one on the loaded kubeconfig
         (or in-cluster) configuration, with `pool_size` pooled connections (None: the client's
-        default, 5 per CPU)."""
+        default, 5 per CPU). `request_timeout`: (connect, read) seconds of each call."""
+        self.request_timeout = request_timeout
         if api_client is None:
             from kubernetes import client
 
@@ -95,6 +105,7 @@ class Kube:
         accept: str = "application/json",
     ) -> Any:
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError as TransportError
 
         try:
             params = self.api.param_serialize(
@@ -105,12 +116,12 @@ class Kube:
                 body=body,
                 auth_settings=["BearerToken"],
             )
-            resp = self.api.call_api(*params)
+            resp = self.api.call_api(*params, _request_timeout=self.request_timeout)
             data = resp.read()
             status = resp.status
         except ApiException as err:
             status, data = err.status, (err.body or b"")
-        except OSError as err:  # connection refused or reset: the API server is restarting
+        except (OSError, TransportError) as err:  # refused, reset, timed out: restarting or stuck
             raise Retry(f"{method} {url}: {err}") from err
         if 200 <= status < 300:
             return json.loads(data) if data else None

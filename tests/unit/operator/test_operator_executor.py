@@ -412,7 +412,7 @@ class RefusingApi:
     def param_serialize(self, **kwargs: Any) -> tuple[Any, ...]:
         return (kwargs["method"], kwargs["resource_path"])
 
-    def call_api(self, *args: Any) -> Any:
+    def call_api(self, *args: Any, **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
 
         err = ApiException(status=self.status, reason="refused")

@@ -168,3 +168,32 @@ def test_a_failed_read_is_retried_soon_not_after_the_recheck_period() -> None:
     assert rules.enforced()
     clock.t += 59
     assert rules.enforced() and len(calls) == 2
+
+
+def test_a_slow_crd_read_holds_up_no_other_pass() -> None:
+    """One caller reads the installed CRD; passes asking meanwhile get the last answer at once
+    (before the first one: every rule evaluated here) instead of waiting on the read."""
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+    clock = Clock()
+
+    def slow() -> dict[str, str] | None:
+        started.set()
+        release.wait(30)
+        return {crd.SCHEMA_DIGEST_ANNOTATION: crd.expected_schema_digest()}
+
+    rules = jobs.InstalledRules(slow, recheck_seconds=60, clock=clock)
+    reader = threading.Thread(target=rules.enforced, daemon=True)
+    reader.start()
+    assert started.wait(30)
+    answers: list[bool] = []
+    other = threading.Thread(target=lambda: answers.append(rules.enforced()), daemon=True)
+    other.start()
+    other.join(10)
+    try:
+        assert answers == [False], "a pass waited for another's CRD read"
+    finally:
+        release.set()
+        reader.join(30)
+    assert rules.enforced()  # the read's answer, once it is in

@@ -212,3 +212,40 @@ def test_a_pod_event_wakes_its_job_whatever_the_orphan_release_does(monkeypatch:
         ex.forget("ns", "j")
     assert wake.is_set()
     assert threads and all(t.startswith("rlhf-pass") for t in threads), threads
+
+
+def test_a_call_to_an_api_server_that_never_answers_ends_as_a_retry() -> None:
+    """Every API call carries (connect, read) timeouts: a server that accepts the connection and
+    never answers (stuck, or a black-holed address) costs the call its timeout, then the call is
+    retried like a reset, instead of holding its thread (and the pass, or the CRD check every pass
+    consults) for good."""
+    import socket
+    import threading
+
+    from kubernetes import client
+
+    from rlhf_operator import kube
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts (the kernel's backlog), never reads, never answers
+    config = client.Configuration()
+    config.host = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    api = kube.Kube(client.ApiClient(config), request_timeout=(1.0, 0.5))
+    outcome: list[BaseException | None] = []
+
+    def call() -> None:
+        try:
+            api.crd_annotations("rltrainingjobs.rlhf.dev")
+            outcome.append(None)
+        except BaseException as err:  # noqa: BLE001 - recorded for the assertion
+            outcome.append(err)
+
+    try:
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        caller.join(30)  # without a read timeout the call never returns
+        assert not caller.is_alive(), "the call is still waiting for the silent server"
+        assert len(outcome) == 1 and isinstance(outcome[0], kube.Retry), outcome
+    finally:
+        silent.close()
