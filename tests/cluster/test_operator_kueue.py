@@ -270,6 +270,13 @@ def quantity(resource: str, value: Decimal) -> str:
     return str(int(value))
 
 
+def run_first_job_on_quota_for_it(api: Api, queues: Queues) -> dict[str, Decimal]:
+    """Queues with no quota; job "a" applied, its pods gated; the quota set to what they request
+    (room for exactly one such job); "a" Running. Returns the quota."""
+    need = run_first_job_on_quota_for_it(api, queues)
+    return need
+
+
 def wait_pods(api: Api, name: str, count: int, what: str, check: Any, timeout: float = 90) -> list[Any]:
     def ready() -> list[Any] | None:
         pods = api.pods(name)
@@ -390,12 +397,8 @@ def test_suspending_a_queued_job_frees_its_quota_and_resume_queues_it_again(
     operator: OperatorProcess,  # noqa: F811
 ) -> None:
     api = Api(cluster, namespace)
-    # Quota for one job, measured on a first job's pods (as in the test above, without the checks).
-    queues.create({r: "0" for r in ("cpu", "memory", "nvidia.com/gpu")})
-    api.apply(queued_job("a"))
-    need = requests_of(wait_pods(api, "a", 5, "created, gated", is_gated))
-    queues.set_quota({r: quantity(r, q) for r, q in need.items()})
-    api.wait_phase("a", "Running", timeout=120)
+    # Quota for one job, measured on a first job's pods (as in the test above, without its checks).
+    need = run_first_job_on_quota_for_it(api, queues)
     old_group = {p.metadata.labels.get(GROUP_LABEL) for p in gang_and_fleet(api, "a")[0]}
     api.apply(queued_job("b"))
     wait_pods(api, "b", 5, "created, gated", is_gated)
@@ -437,12 +440,7 @@ def test_a_rollout_scale_up_past_the_quota_waits_gated_while_the_job_runs(
     operator: OperatorProcess,  # noqa: F811
 ) -> None:
     api = Api(cluster, namespace)
-    queues.create({r: "0" for r in ("cpu", "memory", "nvidia.com/gpu")})
-    api.apply(queued_job("a"))
-    pods = wait_pods(api, "a", 5, "created, gated", is_gated)
-    need = requests_of(pods)
-    queues.set_quota({r: quantity(r, q) for r, q in need.items()})
-    api.wait_phase("a", "Running", timeout=120)
+    need = run_first_job_on_quota_for_it(api, queues)
     gang_wl = {p.metadata.labels[GROUP_LABEL] for p in gang_and_fleet(api, "a")[0]}
 
     # One more rollout pod: Kueue admits it on its own, so it waits (gated) for quota; the gang's
@@ -558,11 +556,7 @@ def test_deleting_a_job_under_kueue_releases_its_quota_and_leaves_no_pod(
     operator: OperatorProcess,  # noqa: F811
 ) -> None:
     api = Api(cluster, namespace)
-    queues.create({r: "0" for r in ("cpu", "memory", "nvidia.com/gpu")})
-    api.apply(queued_job("a"))
-    need = requests_of(wait_pods(api, "a", 5, "created, gated", is_gated))
-    queues.set_quota({r: quantity(r, q) for r, q in need.items()})
-    api.wait_phase("a", "Running", timeout=120)
+    need = run_first_job_on_quota_for_it(api, queues)
     api.apply(queued_job("b"))
     wait_pods(api, "b", 5, "created, gated", is_gated)
 
