@@ -273,7 +273,11 @@ def quantity(resource: str, value: Decimal) -> str:
 def run_first_job_on_quota_for_it(api: Api, queues: Queues) -> dict[str, Decimal]:
     """Queues with no quota; job "a" applied, its pods gated; the quota set to what they request
     (room for exactly one such job); "a" Running. Returns the quota."""
-    need = run_first_job_on_quota_for_it(api, queues)
+    queues.create({r: "0" for r in ("cpu", "memory", "nvidia.com/gpu")})
+    api.apply(queued_job("a"))
+    need = requests_of(wait_pods(api, "a", 5, "created, gated", is_gated))
+    queues.set_quota({r: quantity(r, q) for r, q in need.items()})
+    api.wait_phase("a", "Running", timeout=120)
     return need
 
 
