@@ -325,8 +325,11 @@ def test_quickstart_with_lora_learns_and_exports_a_merged_model(tiny_model, ray_
         ),
         data=dataclasses.replace(spec.data, path=str(PROMPTS)),
         algorithm=dataclasses.replace(spec.algorithm, params={"klCoef": 0.001}),
-        training=dataclasses.replace(spec.training, steps=30, learning_rate=5e-3),
-        checkpoint=dataclasses.replace(spec.checkpoint, every=15),
+        # 3e-3: at 5e-3 the first updates often lowered the reward for a dozen steps (the rise
+        # over 30 steps ranged from +0.08 to +0.5 with the sampling seed); at 3e-3 it rises
+        # within ~10 steps for every seed tried (+0.65 or more over 40 steps, seeds 0-3).
+        training=dataclasses.replace(spec.training, steps=40, learning_rate=3e-3),
+        checkpoint=dataclasses.replace(spec.checkpoint, every=20),
         output=dataclasses.replace(spec.output, progress=False, report=False),
     )
     assert reference_in_actor(spec)
@@ -335,7 +338,7 @@ def test_quickstart_with_lora_learns_and_exports_a_merged_model(tiny_model, ray_
     first = sum(r["reward/mean"] for r in rows[:5]) / 5
     last = sum(r["reward/mean"] for r in rows[-5:]) / 5
     print(f"\nLoRA quickstart reward: first 5 steps {first:.3f}, last 5 {last:.3f}")
-    assert last > first + 0.1, [round(r["reward/mean"], 3) for r in rows]
+    assert last > first + 0.25, [round(r["reward/mean"], 3) for r in rows]
     assert any(r.get("actor/kl", 0.0) != 0.0 for r in rows), "the KL to the base model was never computed"
 
     final = tmp_path / "final"
@@ -369,7 +372,7 @@ def test_lora_fsdp2_disaggregated_pushes_merged_weights_and_learns(
         model={"path": str(tiny_model), "lora": {"rank": 16, "alpha": 32.0}},
         algorithm={"name": "grpo", "params": {"klCoef": 0.001}},
         rollout={"samplesPerPrompt": 8, "maxNewTokens": 4},
-        training={"steps": 20, "promptsPerStep": 16, "microBatchSize": 64, "learningRate": 5e-3},
+        training={"steps": 30, "promptsPerStep": 16, "microBatchSize": 64, "learningRate": 3e-3},
         roles={
             "placement": "disaggregated",
             "actor": {"replicas": 2},
@@ -381,9 +384,9 @@ def test_lora_fsdp2_disaggregated_pushes_merged_weights_and_learns(
     rows = read_metrics(tmp_path)
     rewards = [round(r["reward/mean"], 3) for r in rows]
     print(f"\nLoRA FSDP2 disaggregated rewards: {rewards}, kl: {[round(r['actor/kl'], 4) for r in rows]}")
-    assert rows[-1]["actor/policy_version"] == 20.0
+    assert rows[-1]["actor/policy_version"] == 30.0
     assert all("actor/kl" in r for r in rows) and rows[-1]["actor/kl"] > 0
-    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.1, rewards
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.25, rewards
 
 
 @pytest.mark.slow
