@@ -31,6 +31,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+# The same figures as vs_trl.py's, from the same code (this script's folder is on the path when
+# it runs, in the parent and in each checkout's child process alike).
+from vs_trl import SIZES, make_model, parameters, summarize
+
 HERE = Path(__file__).resolve().parents[1]
 
 
@@ -83,24 +87,8 @@ def child(doc_path: Path, out: Path, warmup: int) -> int:
         run(parse_job(doc), run_dir=tmp)
         wall = time.perf_counter() - started
         rows = read_jsonl(Path(tmp) / "metrics.jsonl")
-    measured = rows[warmup:]
-    total = sum(r["timing/step"] for r in measured)
-    phases = sorted({k for r in measured for k in r if k.startswith("timing/") and k != "timing/step"})
-    out.write_text(
-        json.dumps(
-            {
-                "code": str(Path(rlhf_trainer.__file__).resolve().parents[2]),
-                "samples/s": sum(r["rollout/samples"] for r in measured) / total,
-                "step s": total / len(measured),
-                "wall s": wall,
-                "reward first": rows[0]["reward/mean"],
-                "reward last": rows[-1]["reward/mean"],
-                "shares": {
-                    k.removeprefix("timing/"): sum(r.get(k, 0.0) for r in measured) / total for k in phases
-                },
-            }
-        )
-    )
+    code = str(Path(rlhf_trainer.__file__).resolve().parents[2])
+    out.write_text(json.dumps({"code": code, **summarize(rows, warmup, wall)}))
     return 0
 
 
@@ -161,9 +149,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--before {a.before}: no trainer/rlhf_trainer there; give the root of a checkout")
     if a.steps <= a.warmup:
         parser.error("--steps must exceed --warmup")
-    sys.path.insert(0, str(HERE / "benchmarks"))
-    from vs_trl import SIZES, make_model, parameters
-
     sizes = [s for s in a.sizes.split(",") if s]
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:

@@ -118,7 +118,17 @@ def run_project(model: Path, prompts: Path, a: argparse.Namespace) -> dict[str, 
         run(project_job(model, prompts, a), run_dir=tmp, resume=False)
         wall = time.perf_counter() - started
         rows = read_jsonl(Path(tmp) / "metrics.jsonl")
-    measured = rows[a.warmup :]
+    return {
+        **summarize(rows, a.warmup, wall),
+        "old-log-prob pass skipped": all(r.get("update/old_log_probs_skipped") == 1.0 for r in rows),
+    }
+
+
+def summarize(rows: list[dict[str, Any]], warmup: int, wall: float) -> dict[str, Any]:
+    """A project run's figures from its metrics rows (one per step), the first `warmup` steps
+    left out of the rates: samples/s, seconds per step, wall time, first and last reward, and
+    each phase's share of step time. Also used by `ppo_vs_before.py`."""
+    measured = rows[warmup:]
     total = sum(r["timing/step"] for r in measured)
     phases = sorted({k for r in measured for k in r if k.startswith("timing/") and k != "timing/step"})
     return {
@@ -127,7 +137,6 @@ def run_project(model: Path, prompts: Path, a: argparse.Namespace) -> dict[str, 
         "wall s": wall,
         "reward first": rows[0]["reward/mean"],
         "reward last": rows[-1]["reward/mean"],
-        "old-log-prob pass skipped": all(r.get("update/old_log_probs_skipped") == 1.0 for r in rows),
         "shares": {k.removeprefix("timing/"): sum(r.get(k, 0.0) for r in measured) / total for k in phases},
     }
 
