@@ -47,8 +47,35 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                     print(f"{path}: invalid on a cluster\n{lines}", file=sys.stderr)
                     status = 1
                     continue
+            if not _report_plan(path, job.spec, args):
+                status = 1
+                continue
             print(f"{path}: valid ({job.metadata_name}, algorithm {job.spec.algorithm.name})")
     return status
+
+
+def _report_plan(path: str, spec: object, args: argparse.Namespace) -> bool:
+    """Print the resource planner's findings for one job; False when it cannot start."""
+    import json
+
+    from rlhf_trainer.planner import plan_job
+
+    nodes = None
+    if args.nodes:
+        text = sys.stdin.read() if args.nodes == "-" else open(args.nodes).read()
+        doc = json.loads(text)
+        nodes = doc.get("items", []) if isinstance(doc, dict) else doc
+    plan = plan_job(spec, nodes=nodes)
+    for line in plan.notes:
+        print(f"{path}: note: {line}", file=sys.stderr)
+    for line in plan.warnings:
+        print(f"{path}: warning: {line}", file=sys.stderr)
+    if args.plan and plan.estimates:
+        print(f"{path}: memory per GPU\n{plan.table()}")
+    if plan.errors:
+        lines = "\n".join(f"  - {e}" for e in plan.errors)
+        print(f"{path}: does not fit its GPUs\n{lines}", file=sys.stderr)
+    return not plan.errors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,6 +108,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also check what a cluster needs: the run and checkpoint directories on volumes the pods "
         "writing them share (errors), the model and prompts where the pods reading them see them (warnings)",
+    )
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the resource planner's memory estimate per GPU of each role (it always checks them)",
+    )
+    p.add_argument(
+        "--nodes",
+        metavar="FILE",
+        help="the cluster's nodes (`kubectl get nodes -o json`, - for stdin): the planner takes each pool's GPU "
+        "from its nodes' labels nvidia.com/gpu.product and nvidia.com/gpu.memory",
     )
     p.set_defaults(func=_cmd_validate)
 

@@ -243,6 +243,11 @@ class RewardModelSpec:
     path: str = _f(doc="Local directory of the reward model.", min_length=1)
     weight: float = _f(1.0, doc="Weight of the reward model's score in the weighted sum.")
     batch_size: int = _f(16, doc="Sequences scored per forward pass.", minimum=1)
+    dtype: Literal["float32", "bfloat16", "float16"] | None = _f(
+        None,
+        doc="Dtype the reward model is loaded and run in (it only scores: no master weights); unset: "
+        "`model.dtype` (bfloat16 on GPUs halves its memory: an 8B model is 15 GiB, 30 GiB in float32).",
+    )
 
 
 @dataclass
@@ -334,6 +339,14 @@ class RolloutSpec:
     tensor_parallel_size: int = _f(1, doc="Tensor-parallel degree of each rollout engine (vllm).", minimum=1)
     gpu_memory_utilization: float = _f(
         0.5, doc="Fraction of GPU memory a vllm engine may use.", exclusive_minimum=0.0, maximum=1.0
+    )
+    max_model_length: int | None = _f(
+        None,
+        doc="Longest sequence (prompt + response, in tokens) an engine holds: vLLM's `max_model_len`, "
+        "which sizes the KV cache it must fit (vLLM's own default is the model's context, 131072 "
+        "for Llama 3.1), and the bound of the hf engine's decoding. Unset: `data.maxPromptLength` + "
+        "`maxNewTokens`.",
+        minimum=2,
     )
     max_staleness: int = _f(
         0,
@@ -1175,6 +1188,20 @@ class NodePoolSpec:
         [], doc="Tolerations (core/v1 Toleration) for the pool's taints.", free_form=True
     )
     affinity: dict[str, Any] = _f({}, doc="Pod affinity (core/v1 Affinity).", free_form=True)
+    gpu_product: str | None = _f(
+        None,
+        doc="GPU model of the pool's nodes as NVIDIA's GPU feature discovery labels it "
+        "(`nvidia.com/gpu.product`, e.g. NVIDIA-H100-80GB-HBM3, NVIDIA-L4): `rlhf validate` plans each "
+        "role's GPU memory against it. Unset: the nodeSelector's `nvidia.com/gpu.product`, or the "
+        "nodes' labels with `rlhf validate --nodes`.",
+        min_length=1,
+    )
+    gpu_memory: str | None = _f(
+        None,
+        doc="Memory of one GPU of the pool (Kubernetes quantity, e.g. 80Gi); overrides what `gpuProduct` "
+        "is known to have. For a GPU `rlhf validate` does not know.",
+        pattern=QUANTITY_RE,
+    )
 
 
 @dataclass
@@ -1810,6 +1837,19 @@ def reference_in_actor(spec: JobSpec) -> bool:
     adapters disabled: the job runs no reference role (no pods, no workers), whatever
     `spec.roles.reference.replicas` says. The operator and the controller both ask this."""
     return spec.model.lora is not None
+
+
+def max_model_length(spec: JobSpec) -> int:
+    """The rollout engines' longest sequence: `rollout.maxModelLength`, else the longest prompt
+    the data admits plus the longest response (what a step can ask for, and no more KV)."""
+    rollout = spec.rollout
+    return rollout.max_model_length or spec.data.max_prompt_length + rollout.max_new_tokens
+
+
+def reward_model_dtype(spec: JobSpec) -> str:
+    """The dtype the reward model is loaded in: `reward.model.dtype`, else `model.dtype`."""
+    model = spec.reward.model
+    return (model.dtype if model is not None else None) or spec.model.dtype
 
 
 def _check_written(

@@ -278,15 +278,15 @@ class CombinedReward:
         self.error_penalty = float(error_penalty)
 
     @classmethod
-    def from_spec(cls, reward_spec: Any, device: str = "cpu") -> CombinedReward:
-        """Build from a `spec.RewardSpec`."""
+    def from_spec(cls, reward_spec: Any, device: str = "cpu", dtype: str = "float32") -> CombinedReward:
+        """Build from a `spec.RewardSpec`; `dtype`: the reward model's (`spec.reward_model_dtype`)."""
         parts: list[tuple[str, float, Any]] = []
         for f in reward_spec.functions:
             fr = FunctionReward(f.path, f.kwargs)
             parts.append((fr.name, f.weight, fr))
         if reward_spec.model is not None:
             m = reward_spec.model
-            parts.append(("reward_model", m.weight, RewardModelScorer(m.path, m.batch_size, device=device)))
+            parts.append(("reward_model", m.weight, RewardModelScorer(m.path, m.batch_size, device=device, dtype=dtype)))
         return cls(parts, on_error=reward_spec.on_error, error_penalty=reward_spec.error_penalty)
 
     @property

@@ -66,11 +66,15 @@ def build_engine(
     seed: int = 0,
     tokenizer_path: str | None = None,
     colocated: bool = False,
+    max_model_len: int | None = None,
 ) -> RolloutEngine:
     """An engine for `rollout_spec` (a `spec.RolloutSpec`) loading the model at `model_path`.
-    `colocated`: it shares its device with a training module (vllm on a GPU: sleep mode)."""
+    `colocated`: it shares its device with a training module (vllm on a GPU: sleep mode);
+    `max_model_len`: the longest prompt + response (`spec.max_model_length`), both engines' bound."""
     cls = engine_class(rollout_spec.engine)
     extras = _engine_extras(rollout_spec)
+    if max_model_len is not None:
+        extras["max_model_len"] = max_model_len
     if colocated and rollout_spec.engine == "vllm":
         extras["sleep_mode"] = True
     engine: RolloutEngine = cls.from_pretrained(

@@ -76,10 +76,13 @@ class HFRolloutEngine:
         top_k: int = 0,
         seed: int = 0,
         eos_token_ids: Iterable[int] | None = None,
+        max_model_len: int | None = None,
     ):
         """`eos_token_ids` overrides the stop tokens (default: the tokenizer's EOS and the model's
-        generation-config EOS ids)."""
+        generation-config EOS ids). `max_model_len`: the longest prompt + response, as vLLM's
+        `max_model_len` (a longer prompt is refused, a response stops at the bound)."""
         check_sampling_params(max_new_tokens, temperature, top_p)
+        self.max_model_len = max_model_len
         self.model = model
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
@@ -164,6 +167,11 @@ class HFRolloutEngine:
         rows = [list(p) for p in prompt_ids for _ in range(n)]
         index = [i for i in range(len(prompt_ids)) for _ in range(n)]
         b, p_len = len(rows), max(len(r) for r in rows)
+        if self.max_model_len is not None and p_len >= self.max_model_len:
+            raise ValueError(
+                f"generate: a prompt of {p_len} tokens leaves no room for a response within "
+                f"spec.rollout.maxModelLength = {self.max_model_len}; valid: prompts shorter than that"
+            )
         dev = self.device
         prompt = torch.full((b, p_len), self.pad_token_id, dtype=torch.long)
         prompt_mask = torch.zeros((b, p_len), dtype=torch.long)
@@ -210,7 +218,10 @@ class HFRolloutEngine:
         next_pos = positions[:, -1:] + 1  # (B, 1)
         finished = torch.zeros(b, dtype=torch.bool, device=dev)
         toks, lps, alive = [], [], []
-        for step in range(self.max_new_tokens):
+        steps = self.max_new_tokens
+        if self.max_model_len is not None:
+            steps = min(steps, self.max_model_len - prompt.shape[1])
+        for step in range(steps):
             tok, lp = sample_tokens(logits, temperature, self.top_k, self.top_p, self.generator)
             tok = tok.masked_fill(finished, self.pad_token_id)
             lp = lp.masked_fill(finished, 0.0)
@@ -218,7 +229,7 @@ class HFRolloutEngine:
             lps.append(lp)
             alive.append((~finished).float())
             finished = finished | torch.isin(tok, eos)
-            if step == self.max_new_tokens - 1:
+            if step == steps - 1:
                 break
             if (step + 1) % self.finish_check_every == 0 and bool(finished.all()):
                 break

@@ -147,6 +147,7 @@ class ActorWorker(TrainableWorker):
         from transformers import AutoTokenizer
 
         from rlhf_trainer.rollout.hf import HFRolloutEngine
+        from rlhf_trainer.spec import max_model_length
 
         r = self.spec.rollout
         if r.engine != "hf":
@@ -161,6 +162,7 @@ class ActorWorker(TrainableWorker):
                 self.device,
                 seed=self.spec.training.seed,
                 tokenizer_path=self.spec.model.tokenizer,
+            max_model_len=max_model_length(self.spec),
                 colocated=True,
             )
         model = (
@@ -178,6 +180,7 @@ class ActorWorker(TrainableWorker):
             top_p=r.top_p,
             top_k=r.top_k,
             seed=self.spec.training.seed,
+            max_model_len=max_model_length(self.spec),
         )
 
     # -- rollout (colocated) -------------------------------------------------------------------

@@ -19,9 +19,12 @@ class RewardWorker(Worker):
 
     def setup(self) -> None:
         from rlhf_trainer.rewards import CombinedReward
+        from rlhf_trainer.spec import reward_model_dtype
 
         self.rewards: dict[str, Any] = {
-            JOB_REWARDS: CombinedReward.from_spec(self.spec.reward, device=str(self.device))
+            JOB_REWARDS: CombinedReward.from_spec(
+                self.spec.reward, device=str(self.device), dtype=reward_model_dtype(self.spec)
+            )
         }
         if self.spec.eval is not None and self.spec.eval.rewards:
             # Function rewards only, with the job's error policy.

@@ -23,6 +23,7 @@ class RolloutWorker(Worker):
 
     def setup(self) -> None:
         from rlhf_trainer.rollout import build_engine
+        from rlhf_trainer.spec import max_model_length
 
         self.engine = build_engine(
             self.spec.rollout,
@@ -31,6 +32,7 @@ class RolloutWorker(Worker):
             self.device,
             seed=self.spec.training.seed,
             tokenizer_path=self.spec.model.tokenizer,
+            max_model_len=max_model_length(self.spec),
         )
         self.version = 0
         self.sync: Any = None
