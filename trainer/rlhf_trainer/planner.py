@@ -10,7 +10,7 @@ What each rank holds (bytes; P parameters, c the compute dtype's size, W the rol
 
 | role | resident | transient |
 |---|---|---|
-| actor, critic | fp32 master weights 4P, fp32 gradients 4P' and AdamW's two fp32 moments 8P' (P' the trained parameters: P, or LoRA's adapters), all sharded over W by FSDP2 | the gathered layers in c (FSDP2) or a whole c copy (autocast on one rank), activations of one micro-batch, the logits |
+| actor, critic | fp32 master weights 4P, fp32 gradients 4P' and AdamW's two fp32 moments 8P' (P' the trained parameters: P, or LoRA's adapters), all sharded over W by FSDP2 | the gathered layers in c (FSDP2) or a whole c copy (autocast on one rank); the larger of activations + logits of one micro-batch and the optimizer step's temporaries 4P'/W (they never coexist) |
 | reference | the model in c, whole on every rank | activations of one forward (no grad), the logits |
 | reward | the reward model in its dtype, whole on every rank | activations of one scoring batch |
 | rollout (vllm) | `gpuMemoryUtilization` x the GPU: weights / TP, an allowance for vLLM's profile run, and the KV cache, which must hold one sequence of `maxModelLength` | |
@@ -418,10 +418,15 @@ def training_parts(
     if cb != MASTER_BYTES:
         # FSDP2 gathers a block (and prefetches the next) in c; one rank's autocast caches all of it.
         parts["compute copy"] = params * cb if world == 1 else 2 * shape.block_params() * cb
-    parts["activations"] = shape.activation_bytes(tokens, cb, checkpointing)
     out_width = shape.vocab if head == "lm" else 1
-    parts["logits"] = tokens * out_width * (cb + 2 * 4)  # c, then fp32 log-softmax and its gradient
-    return parts
+    forward = {
+        "activations": shape.activation_bytes(tokens, cb, checkpointing),
+        "logits": tokens * out_width * (cb + 2 * 4),  # c, then fp32 log-softmax and its gradient
+    }
+    # AdamW's multi-tensor step allocates temporaries the size of the rank's trained shard, after
+    # the backward has freed the activations: the larger of the two is the transient peak.
+    step = math.ceil(trained * MASTER_BYTES / world)
+    return {**parts, **(forward if sum(forward.values()) >= step else {"step temporaries": step})}
 
 
 def _check_training(ctx: _Ctx, role: str) -> None:
@@ -467,7 +472,7 @@ def _check_training(ctx: _Ctx, role: str) -> None:
         )
     elif est.total > gpu.memory:
         ctx.plan.warnings.append(
-            f"{where}: about {gib(est.total)} per GPU with activations ({gib(parts['activations'] + parts['logits'])} for "
+            f"{where}: about {gib(est.total)} per GPU with activations ({gib(est.total - resident)} for "
             f"{_tokens_per_micro_batch(spec)} tokens per micro-batch), more than the {gib(gpu.memory)} of its "
             f"{gpu.product or 'GPU'}; consider a smaller training.microBatchSize or training.activationCheckpointing"
         )
