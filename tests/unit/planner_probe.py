@@ -62,7 +62,16 @@ def main() -> None:
     state += sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
     state += sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if t.dim() > 0)
     model.config.save_pretrained(sys.argv[6])
-    print(json.dumps({"state": state, "resident": resident, "peak": peak, "params": sum(p.numel() for p in model.parameters())}))
+    print(
+        json.dumps(
+            {
+                "state": state,
+                "resident": resident,
+                "peak": peak,
+                "params": sum(p.numel() for p in model.parameters()),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -63,7 +63,11 @@ def test_every_example_passes_the_planner_with_its_models_configs(path: Path) ->
     result = plan(doc)
     assert result.errors == [], result.errors
     assert result.warnings == [], result.warnings
-    gpu_roles = [r for r, s in doc["spec"].get("roles", {}).items() if isinstance(s, dict) and s.get("resources", {}).get("gpus")]
+    gpu_roles = [
+        r
+        for r, s in doc["spec"].get("roles", {}).items()
+        if isinstance(s, dict) and s.get("resources", {}).get("gpus")
+    ]
     if gpu_roles:  # a GPU example is really planned: a fixture config and a known GPU for each role
         assert result.notes == [], result.notes
         assert {e.role for e in result.estimates} >= set(gpu_roles) - {"reward"} or result.estimates
@@ -150,7 +154,9 @@ def test_a_reward_model_in_float32_on_an_l4_is_refused() -> None:
 
 
 def test_a_colocated_engine_that_leaves_no_room_for_the_actor_is_refused() -> None:
-    line = one(plan(_colocated_8xh100(**{"spec.rollout.gpuMemoryUtilization": 0.9})).errors, "spec.roles.actor")
+    line = one(
+        plan(_colocated_8xh100(**{"spec.rollout.gpuMemoryUtilization": 0.9})).errors, "spec.roles.actor"
+    )
     assert "gpuMemoryUtilization 0.9 x 79.6 GiB = 71.7 GiB" in line and "79.6 GiB" in line
 
 
@@ -215,7 +221,15 @@ def test_node_labels_and_gpu_memory_give_a_pools_gpu() -> None:
     for pool in doc["spec"]["nodePools"]:
         pool.pop("gpuProduct", None)
     nodes = [
-        {"metadata": {"labels": {"rlhf.dev/pool": "h100", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559"}}},
+        {
+            "metadata": {
+                "labels": {
+                    "rlhf.dev/pool": "h100",
+                    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                    "nvidia.com/gpu.memory": "81559",
+                }
+            }
+        },
         {"metadata": {"labels": {"rlhf.dev/pool": "l4", "nvidia.com/gpu.product": "NVIDIA-L4"}}},
     ]
     result = plan(doc, nodes=nodes)
@@ -225,7 +239,9 @@ def test_node_labels_and_gpu_memory_give_a_pools_gpu() -> None:
     assert gpus["rollout"].memory == 23034 * MIB and gpus["rollout"].source == "known memory of NVIDIA-L4"
     unknown = plan(doc)
     one(unknown.notes, "spec.roles.rollout", "node pool 'l4' is unknown")
-    doc["spec"]["nodePools"][1]["gpuMemory"] = "16Gi"  # a 16 GiB GPU: the 0.85 fraction no longer holds TP 4's weights? it does
+    doc["spec"]["nodePools"][1]["gpuMemory"] = (
+        "16Gi"  # a 16 GiB GPU: the 0.85 fraction no longer holds TP 4's weights? it does
+    )
     small = plan(doc)
     assert {e.role: e.gpu for e in small.estimates}["rollout"].memory == 16 * GIB
 
@@ -256,20 +272,30 @@ def test_rlhf_validate_refuses_with_the_planners_errors(tmp_path: Path) -> None:
     run = [sys.executable, "-m", "rlhf_trainer.cli", "validate", "--plan", str(manifest)]
     done = subprocess.run(run, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
-    assert f"{manifest}: does not fit its GPUs\n  - spec.rollout (vLLM on spec.roles.rollout's NVIDIA-L4" in done.stderr
+    assert (
+        f"{manifest}: does not fit its GPUs\n  - spec.rollout (vLLM on spec.roles.rollout's NVIDIA-L4"
+        in done.stderr
+    )
     assert "maxModelLength 131072 needs 8.0 GiB of KV cache" in done.stderr
-    assert "spec.reward.model.path: model config of /models/Skywork-Reward-Llama-3.1-8B not available" in done.stderr
+    assert (
+        "spec.reward.model.path: model config of /models/Skywork-Reward-Llama-3.1-8B not available"
+        in done.stderr
+    )
     assert f"{manifest}: memory per GPU\n  actor" in done.stdout
 
 
 # -- estimates against measured memory -----------------------------------------------------------
 
 
-def _probe(tmp_path: Path, hidden: int, layers: int, heads: int, batch: int, seq: int) -> tuple[dict[str, int], ModelShape]:
+def _probe(
+    tmp_path: Path, hidden: int, layers: int, heads: int, batch: int, seq: int
+) -> tuple[dict[str, int], ModelShape]:
     out = tmp_path / "model"
     done = subprocess.run(
         [sys.executable, str(PROBE), str(hidden), str(layers), str(heads), str(batch), str(seq), str(out)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr
     measured = json.loads(done.stdout.strip().splitlines()[-1])
@@ -302,7 +328,9 @@ def test_state_estimate_matches_the_tiny_model(tmp_path: Path) -> None:
     model(input_ids=torch.randint(0, len(tok), (2, 16)), use_cache=False).logits.mean().backward()
     opt.step()
     measured = sum(p.numel() * p.element_size() * 2 for p in model.parameters())  # weights, grads
-    measured += sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if t.dim() > 0)
+    measured += sum(
+        t.numel() * t.element_size() for s in opt.state.values() for t in s.values() if t.dim() > 0
+    )
     parts = _fp32_parts(shape, 2, 16)
     estimate = parts["weights"] + parts["grads"] + parts["optimizer"]
     assert estimate == pytest.approx(measured, rel=STATE_TOLERANCE)

@@ -62,7 +62,9 @@ def _report_plan(path: str, spec: object, args: argparse.Namespace) -> bool:
 
     nodes = None
     if args.nodes:
-        text = sys.stdin.read() if args.nodes == "-" else open(args.nodes).read()
+        from pathlib import Path
+
+        text = sys.stdin.read() if args.nodes == "-" else Path(args.nodes).read_text()
         doc = json.loads(text)
         nodes = doc.get("items", []) if isinstance(doc, dict) else doc
     plan = plan_job(spec, nodes=nodes)

@@ -91,7 +91,11 @@ class ModelShape:
     @classmethod
     def from_config(cls, config: Mapping[str, Any], source: str = "config.json") -> ModelShape:
         config = config.get("text_config", config)
-        missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size") if k not in config]
+        missing = [
+            k
+            for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+            if k not in config
+        ]
         if missing:
             raise ValueError(f"{source}: no {', '.join(missing)}: not a decoder config the planner reads")
         hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
@@ -211,7 +215,17 @@ def known_gpu_memory(product: str) -> int | None:
     return None
 
 
-_QUANTITY_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_QUANTITY_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
 
 
 def quantity_bytes(quantity: str) -> int:
@@ -233,7 +247,11 @@ def pool_gpu(pool: Any, where: str, nodes: list[Mapping[str, Any]] | None = None
     product = product or (min(products) if products else None)
     if pool.gpu_memory:
         return Gpu(product, quantity_bytes(pool.gpu_memory), f"{where}.gpuMemory")
-    memories = [int(lab["nvidia.com/gpu.memory"]) for lab in mine if str(lab.get("nvidia.com/gpu.memory", "")).isdigit()]
+    memories = [
+        int(lab["nvidia.com/gpu.memory"])
+        for lab in mine
+        if str(lab.get("nvidia.com/gpu.memory", "")).isdigit()
+    ]
     if memories:
         return Gpu(product, min(memories) * MIB, f"label nvidia.com/gpu.memory of {len(mine)} node(s)")
     known = known_gpu_memory(product) if product else None
@@ -295,13 +313,17 @@ class _Ctx:
         return self.gpus.get(role)
 
 
-def plan_job(spec: Any, *, shape_of: ShapeOf = local_shape, nodes: list[Mapping[str, Any]] | None = None) -> Plan:
+def plan_job(
+    spec: Any, *, shape_of: ShapeOf = local_shape, nodes: list[Mapping[str, Any]] | None = None
+) -> Plan:
     """The plan of a `JobSpec`. `shape_of(path)` gives a model's shape (default: its local
     config.json, or the hub cache's; None: not available); `nodes`: the cluster's node objects."""
     plan = Plan()
     if not any(getattr(spec.roles, r).resources.gpus for r in _gpu_roles(spec)):
         return plan
-    ctx = _Ctx(spec, _role_gpus(spec, nodes, plan), _shape(shape_of, spec.model.path, "spec.model.path", plan), plan)
+    ctx = _Ctx(
+        spec, _role_gpus(spec, nodes, plan), _shape(shape_of, spec.model.path, "spec.model.path", plan), plan
+    )
     _check_rollout_shapes(ctx)
     _check_training(ctx, "actor")
     if _uses_critic(spec):
@@ -448,14 +470,22 @@ def _check_training(ctx: _Ctx, role: str) -> None:
         lora=spec.model.lora if role == "actor" else None,
     )
     parts["runtime"] = RUNTIME_BYTES
-    colocated_engine = role == "actor" and spec.roles.placement == "colocated" and spec.rollout.engine == "vllm"
+    colocated_engine = (
+        role == "actor" and spec.roles.placement == "colocated" and spec.rollout.engine == "vllm"
+    )
     if colocated_engine and gpu is not None:
         parts["vllm engine"] = int(spec.rollout.gpu_memory_utilization * gpu.memory)
     est = RoleEstimate(role, parts, gpu)
     ctx.plan.estimates.append(est)
     if gpu is None:
         return
-    resident = parts["weights"] + parts["grads"] + parts["optimizer"] + parts["runtime"] + parts.get("vllm engine", 0)
+    resident = (
+        parts["weights"]
+        + parts["grads"]
+        + parts["optimizer"]
+        + parts["runtime"]
+        + parts.get("vllm engine", 0)
+    )
     where = f"spec.roles.{role}"
     if resident > gpu.memory:
         engine = (
@@ -504,7 +534,13 @@ def _check_reference(ctx: _Ctx) -> None:
     if ctx.shape is None or not spec.roles.reference.resources.gpus:
         return
     parts = _forward_parts(ctx.shape, spec.model.dtype, _tokens_per_micro_batch(spec), "lm")
-    _check_fits(ctx, "reference", parts, f"the reference policy in {spec.model.dtype}", "model.dtype bfloat16, or a larger GPU")
+    _check_fits(
+        ctx,
+        "reference",
+        parts,
+        f"the reference policy in {spec.model.dtype}",
+        "model.dtype bfloat16, or a larger GPU",
+    )
 
 
 def _check_reward(ctx: _Ctx, shape_of: ShapeOf) -> None:
@@ -541,16 +577,22 @@ def _check_engine(ctx: _Ctx) -> None:
             rows = spec.training.prompts_per_step * r.samples_per_prompt
             parts = _forward_parts(shape, dtype, rows, "lm")
             parts["kv cache"] = rows * length * shape.kv_bytes_per_token(cb)
-            _check_fits(ctx, "rollout", parts, "the hf engine with the KV cache of a step's rows", "a larger GPU")
+            _check_fits(
+                ctx, "rollout", parts, "the hf engine with the KV cache of a step's rows", "a larger GPU"
+            )
         return
     tp = 1 if colocated else r.tensor_parallel_size
     weights = shape.params("lm") * cb // tp
     kv_per_token = shape.kv_bytes_per_token(cb) // min(tp, shape.kv_heads)
-    profile = VLLM_PROFILE_TOKENS * (ACT_HIDDEN * shape.hidden + ACT_INTERMEDIATE * shape.intermediate // tp) * cb
+    profile = (
+        VLLM_PROFILE_TOKENS * (ACT_HIDDEN * shape.hidden + ACT_INTERMEDIATE * shape.intermediate // tp) * cb
+    )
     profile += VLLM_PROFILE_SEQS * shape.vocab * 4 + RUNTIME_BYTES
     if not colocated:
         ctx.plan.estimates.append(
-            RoleEstimate("rollout", {"weights": weights, "profile": profile, "kv (1 seq)": length * kv_per_token}, gpu)
+            RoleEstimate(
+                "rollout", {"weights": weights, "profile": profile, "kv (1 seq)": length * kv_per_token}, gpu
+            )
         )
     if gpu is None:
         return

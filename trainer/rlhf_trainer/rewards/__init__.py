@@ -286,7 +286,13 @@ class CombinedReward:
             parts.append((fr.name, f.weight, fr))
         if reward_spec.model is not None:
             m = reward_spec.model
-            parts.append(("reward_model", m.weight, RewardModelScorer(m.path, m.batch_size, device=device, dtype=dtype)))
+            parts.append(
+                (
+                    "reward_model",
+                    m.weight,
+                    RewardModelScorer(m.path, m.batch_size, device=device, dtype=dtype),
+                )
+            )
         return cls(parts, on_error=reward_spec.on_error, error_penalty=reward_spec.error_penalty)
 
     @property

@@ -162,7 +162,7 @@ class ActorWorker(TrainableWorker):
                 self.device,
                 seed=self.spec.training.seed,
                 tokenizer_path=self.spec.model.tokenizer,
-            max_model_len=max_model_length(self.spec),
+                max_model_len=max_model_length(self.spec),
                 colocated=True,
             )
         model = (
