@@ -239,9 +239,7 @@ def test_node_labels_and_gpu_memory_give_a_pools_gpu() -> None:
     assert gpus["rollout"].memory == 23034 * MIB and gpus["rollout"].source == "known memory of NVIDIA-L4"
     unknown = plan(doc)
     one(unknown.notes, "spec.roles.rollout", "node pool 'l4' is unknown")
-    doc["spec"]["nodePools"][1]["gpuMemory"] = (
-        "16Gi"  # a 16 GiB GPU: the 0.85 fraction no longer holds TP 4's weights? it does
-    )
+    doc["spec"]["nodePools"][1]["gpuMemory"] = "16Gi"  # the manifest's figure wins over the known one
     small = plan(doc)
     assert {e.role: e.gpu for e in small.estimates}["rollout"].memory == 16 * GIB
 
@@ -347,3 +345,13 @@ def test_estimates_match_the_measured_peak_of_a_30m_model(tmp_path: Path) -> Non
     state = parts["weights"] + parts["grads"] + parts["optimizer"]
     assert state == pytest.approx(measured["state"], rel=STATE_TOLERANCE)
     assert sum(parts.values()) == pytest.approx(measured["peak"], rel=PEAK_TOLERANCE), (parts, measured)
+
+
+def test_rlhf_run_refuses_what_cannot_start_before_starting_anything(tmp_path: Path, capsys: Any) -> None:
+    from rlhf_trainer.cli import main
+
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump(_colocated_8xh100(**{"spec.rollout.tensorParallelSize": 2})))
+    assert main(["run", str(manifest)]) == 2
+    err = capsys.readouterr().err
+    assert f"{manifest}: does not fit its GPUs\n  - spec.rollout.tensorParallelSize: 2 with placement colocated" in err

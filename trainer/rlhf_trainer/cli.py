@@ -68,7 +68,7 @@ def _report_plan(path: str, spec: object, args: argparse.Namespace) -> bool:
         doc = json.loads(text)
         nodes = doc.get("items", []) if isinstance(doc, dict) else doc
     plan = plan_job(spec, nodes=nodes)
-    for line in plan.notes:
+    for line in plan.notes if args.plan or args.cluster else []:  # what was not checked
         print(f"{path}: note: {line}", file=sys.stderr)
     for line in plan.warnings:
         print(f"{path}: warning: {line}", file=sys.stderr)
@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--plan",
         action="store_true",
-        help="print the resource planner's memory estimate per GPU of each role (it always checks them)",
+        help="print the resource planner's memory estimate per GPU of each role and what it could not check "
+        "(it always refuses what cannot start; --cluster prints what it could not check too)",
     )
     p.add_argument(
         "--nodes",

@@ -11,8 +11,8 @@ What each rank holds (bytes; P parameters, c the compute dtype's size, W the rol
 | role | resident | transient |
 |---|---|---|
 | actor, critic | fp32 master weights 4P, fp32 gradients 4P' and AdamW's two fp32 moments 8P' (P' the trained parameters: P, or LoRA's adapters), all sharded over W by FSDP2 | the gathered layers in c (FSDP2) or a whole c copy (autocast on one rank); the larger of activations + logits of one micro-batch and the optimizer step's temporaries 4P'/W (they never coexist) |
-| reference | the model in c, whole on every rank | activations of one forward (no grad), the logits |
-| reward | the reward model in its dtype, whole on every rank | activations of one scoring batch |
+| reference | the model in c, whole on every rank | one block's transients of a micro-batch's forward (no grad: about 4 hidden-size and 2 intermediate-size values per token, `FWD_*`), the logits |
+| reward | the reward model in its dtype, whole on every rank | one block's transients of a scoring batch |
 | rollout (vllm) | `gpuMemoryUtilization` x the GPU: weights / TP, an allowance for vLLM's profile run, and the KV cache, which must hold one sequence of `maxModelLength` | |
 | rollout (hf) | the model in c | the KV cache of its rows at `maxModelLength` |
 
@@ -45,6 +45,9 @@ ADAM_MOMENTS = 2
 #: Per token and layer, values kept for the backward pass (multiples of hidden and intermediate size).
 ACT_HIDDEN = 10
 ACT_INTERMEDIATE = 4
+#: Per token, values alive at once in one block of a no-grad forward (nothing is kept for a backward).
+FWD_HIDDEN = 4
+FWD_INTERMEDIATE = 2
 #: Per GPU, outside what the estimate counts: CUDA context, NCCL buffers, allocator slack.
 RUNTIME_BYTES = 1 * GIB
 #: Tokens of vLLM's profile forward (its default `max_num_batched_tokens` for offline engines)
@@ -356,22 +359,26 @@ def _shape(shape_of: ShapeOf, path: str, where: str, plan: Plan) -> ModelShape |
 
 
 def _role_gpus(spec: Any, nodes: list[Mapping[str, Any]] | None, plan: Plan) -> dict[str, Gpu | None]:
+    """The GPU of each GPU role's node pool (None: no pool, or a pool whose GPU is unknown)."""
     pools = {p.name: (i, p) for i, p in enumerate(spec.node_pools)}
     out: dict[str, Gpu | None] = {}
+    unknown: dict[str, list[str]] = {}
     for role in _gpu_roles(spec):
         role_spec = getattr(spec.roles, role)
         if not role_spec.resources.gpus or not role_spec.replicas:
             continue
-        if role_spec.node_pool is None or role_spec.node_pool not in pools:
-            out[role] = None
-            continue
-        i, pool = pools[role_spec.node_pool]
-        out[role] = pool_gpu(pool, f"spec.nodePools[{i}]", nodes)
+        out[role] = None
+        if role_spec.node_pool in pools:
+            i, pool = pools[role_spec.node_pool]
+            out[role] = pool_gpu(pool, f"spec.nodePools[{i}]", nodes)
         if out[role] is None:
-            plan.notes.append(
-                f"spec.roles.{role}: the GPU of node pool {pool.name!r} is unknown (set its gpuProduct or "
-                "gpuMemory, or give rlhf validate --nodes); memory not checked"
-            )
+            unknown.setdefault(role_spec.node_pool or "", []).append(role)
+    for pool_name, roles in unknown.items():
+        which = f"node pool {pool_name!r}" if pool_name else "no node pool"
+        plan.notes.append(
+            f"spec.roles.{'/'.join(roles)}: the GPU of {which} is unknown (set the pool's gpuProduct or "
+            "gpuMemory, or give rlhf validate --nodes); memory not checked"
+        )
     return out
 
 
@@ -513,7 +520,7 @@ def _forward_parts(shape: ModelShape, dtype: str, tokens: int, head: str) -> dic
     cb = DTYPE_BYTES[dtype]
     return {
         "weights": shape.params(head) * cb,
-        "activations": tokens * (ACT_HIDDEN * shape.hidden + ACT_INTERMEDIATE * shape.intermediate) * cb,
+        "activations": tokens * (FWD_HIDDEN * shape.hidden + FWD_INTERMEDIATE * shape.intermediate) * cb,
         "logits": tokens * (shape.vocab if head == "lm" else 1) * (cb + 4),
         "runtime": RUNTIME_BYTES,
     }
@@ -544,7 +551,7 @@ def _check_reference(ctx: _Ctx) -> None:
 
 
 def _check_reward(ctx: _Ctx, shape_of: ShapeOf) -> None:
-    from rlhf_trainer.spec import max_model_length, reward_model_dtype
+    from rlhf_trainer.spec import reward_model_dtype
 
     spec = ctx.spec
     if spec.reward.model is None or not spec.roles.reward.resources.gpus:
@@ -553,9 +560,11 @@ def _check_reward(ctx: _Ctx, shape_of: ShapeOf) -> None:
     if shape is None:
         return
     dtype = reward_model_dtype(spec)
-    tokens = spec.reward.model.batch_size * max_model_length(spec)
+    tokens = spec.reward.model.batch_size * (spec.data.max_prompt_length + spec.rollout.max_new_tokens)
     parts = _forward_parts(shape, dtype, tokens, "score")
-    valid = "reward.model.dtype bfloat16, a smaller reward.model.batchSize, or a larger GPU"
+    valid = "a smaller reward.model.batchSize, or a larger GPU"
+    if DTYPE_BYTES[dtype] > 2:
+        valid = "reward.model.dtype bfloat16, " + valid
     _check_fits(ctx, "reward", parts, f"the reward model in {dtype}", valid)
 
 
@@ -574,7 +583,10 @@ def _check_engine(ctx: _Ctx) -> None:
     cb, length = DTYPE_BYTES[dtype], max_model_length(spec)
     if r.engine == "hf":
         if not colocated:
-            rows = spec.training.prompts_per_step * r.samples_per_prompt
+            # A step's rows, spread over the fleet's replicas.
+            rows = -(
+                -spec.training.prompts_per_step * r.samples_per_prompt // max(1, spec.roles.rollout.replicas)
+            )
             parts = _forward_parts(shape, dtype, rows, "lm")
             parts["kv cache"] = rows * length * shape.kv_bytes_per_token(cb)
             _check_fits(
@@ -585,7 +597,7 @@ def _check_engine(ctx: _Ctx) -> None:
     weights = shape.params("lm") * cb // tp
     kv_per_token = shape.kv_bytes_per_token(cb) // min(tp, shape.kv_heads)
     profile = (
-        VLLM_PROFILE_TOKENS * (ACT_HIDDEN * shape.hidden + ACT_INTERMEDIATE * shape.intermediate // tp) * cb
+        VLLM_PROFILE_TOKENS * (FWD_HIDDEN * shape.hidden + FWD_INTERMEDIATE * shape.intermediate // tp) * cb
     )
     profile += VLLM_PROFILE_SEQS * shape.vocab * 4 + RUNTIME_BYTES
     if not colocated:

@@ -61,10 +61,25 @@ def _load(path: str) -> Any:
     from rlhf_trainer.spec import SpecError, load_manifest
 
     try:
-        return load_manifest(path)
+        job = load_manifest(path)
     except SpecError as err:
         print(f"{path}: invalid\n{err}", file=sys.stderr)
         return None
+    return job if _fits(path, job.spec) else None
+
+
+def _fits(path: str, spec: Any) -> bool:
+    """The resource planner's refusals stop the run before anything starts (as `rlhf validate`);
+    its warnings are printed. A CPU job gets neither."""
+    from rlhf_trainer.planner import plan_job
+
+    plan = plan_job(spec)
+    for line in plan.warnings:
+        print(f"{path}: warning: {line}", file=sys.stderr)
+    if plan.errors:
+        lines = "\n".join(f"  - {e}" for e in plan.errors)
+        print(f"{path}: does not fit its GPUs\n{lines}", file=sys.stderr)
+    return not plan.errors
 
 
 def cmd_run(args: argparse.Namespace) -> int:
