@@ -354,4 +354,7 @@ def test_rlhf_run_refuses_what_cannot_start_before_starting_anything(tmp_path: P
     manifest.write_text(yaml.safe_dump(_colocated_8xh100(**{"spec.rollout.tensorParallelSize": 2})))
     assert main(["run", str(manifest)]) == 2
     err = capsys.readouterr().err
-    assert f"{manifest}: does not fit its GPUs\n  - spec.rollout.tensorParallelSize: 2 with placement colocated" in err
+    assert (
+        f"{manifest}: does not fit its GPUs\n  - spec.rollout.tensorParallelSize: 2 with placement colocated"
+        in err
+    )
