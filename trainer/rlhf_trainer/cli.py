@@ -22,7 +22,13 @@ examples:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from rlhf_trainer.spec import SpecError, cluster_storage_findings, load_manifest, reference_markdown
+    from rlhf_trainer.spec import (
+        SpecError,
+        cluster_storage_findings,
+        dropped_role_notes,
+        load_manifest,
+        reference_markdown,
+    )
 
     if args.reference:
         sys.stdout.write(reference_markdown())
@@ -48,6 +54,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                     status = 1
                     continue
             print(f"{path}: valid ({job.metadata_name}, algorithm {job.spec.algorithm.name})")
+            for line in dropped_role_notes(job.spec):
+                print(f"{path}: note: {line}", file=sys.stderr)
     return status
 
 
