@@ -72,7 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check RLTrainingJob manifests against the spec")
-    p.add_argument("manifests", nargs="*", metavar="MANIFEST", help="YAML files holding an RLTrainingJob")
+    p.add_argument(
+        "manifests",
+        nargs="*",
+        metavar="MANIFEST",
+        help="YAML files holding an RLTrainingJob (`-`: standard input)",
+    )
     p.add_argument(
         "--reference",
         action="store_true",

@@ -21,6 +21,7 @@ import inspect
 import json
 import posixpath
 import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -2171,10 +2172,10 @@ def parse_job(
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
-    """The one RLTrainingJob document of a YAML file, as a mapping. Raises SpecError."""
+    """The one RLTrainingJob document of a YAML file (`-`: standard input), as a mapping. Raises SpecError."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = sys.stdin.read() if str(path) == "-" else p.read_text()
     except OSError as err:
         raise SpecError([f"{p}: cannot read the manifest: {err.strerror}"]) from err
     try:
