@@ -53,3 +53,40 @@ def test_report_sets_the_gauge_and_logs(installed: bool, caplog: pytest.LogCaptu
     assert gauge._value.get() == (1 if installed else 0)
     (record,) = [r for r in caplog.records if "status policy: said so" in r.getMessage()]
     assert record.levelname == ("INFO" if installed else "WARNING")
+
+
+@pytest.mark.parametrize(
+    ("env", "served", "gauge", "said"),
+    [
+        (
+            {status_policy.ENV_POLICY: NAME, "RLHF_OPERATOR_TRAINER_IMAGE": "reg.example/t:1"},
+            True,
+            1,
+            "reg.example/t:1",
+        ),
+        ({status_policy.ENV_POLICY: ""}, True, 0, "jobs must set spec.image"),
+        ({status_policy.ENV_POLICY: NAME}, False, 0, "is not installed"),
+    ],
+)
+def test_the_operator_says_at_start_what_it_works_with(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    env: dict,
+    served: bool,
+    gauge: int,
+    said: str,
+) -> None:
+    from rlhf_operator import handlers, metrics
+
+    caplog.set_level(logging.INFO, logger="rlhf_operator")
+    monkeypatch.delenv("RLHF_OPERATOR_TRAINER_IMAGE", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+    class Client:
+        def get_path(self, path: str) -> dict[str, Any] | None:
+            return {"metadata": {}} if served else None
+
+    handlers._report_startup(Client())
+    assert metrics.STATUS_POLICY_INSTALLED._value.get() == gauge
+    assert said in caplog.text
