@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 
-from rlhf_operator import kueue, labels, network_policy, pod_template
+from rlhf_operator import images, kueue, labels, network_policy, pod_template
 from rlhf_trainer import contract
-from rlhf_trainer.spec import JobSpec, NodePoolSpec, RLTrainingJob, reference_in_actor, to_dict
+from rlhf_trainer.spec import JobSpec, NodePoolSpec, RLTrainingJob, roles_in_use, to_dict
 
 # The pod contract's names, under the spellings the operator's code and tests use.
 CONFIG_KEY = contract.CONFIG_KEY
@@ -95,18 +95,10 @@ def _meta(job: RLTrainingJob, name: str, extra_labels: dict[str, str] | None = N
 
 
 def role_replicas(spec: JobSpec) -> dict[str, int]:
-    """Pods per role. Roles with 0 replicas get none; the rollout fleet exists only when disaggregated
-    (colocated rollout runs inside the actor workers)."""
-    out = {labels.CONTROLLER_ROLE: 1}
-    for role in labels.ROLES:
-        n = getattr(spec.roles, role).replicas
-        if role == "rollout" and spec.roles.placement != "disaggregated":
-            n = 0
-        if role == "reference" and reference_in_actor(spec):
-            n = 0  # LoRA: the actor's base model is the reference
-        if n > 0:
-            out[role] = n
-    return out
+    """Pods per role: `spec.roles_in_use` (roles with 0 replicas get none, nor do the roles the
+    algorithm never uses: a critic-free algorithm's critic, klCoef 0's or LoRA's reference; the
+    rollout fleet exists only when disaggregated)."""
+    return roles_in_use(spec)
 
 
 def gang_size(spec: JobSpec) -> int:
@@ -418,7 +410,7 @@ def build_pod(
         meta["annotations"] = gang_annotations
     container: dict[str, Any] = {
         "name": "trainer",
-        "image": spec.image,
+        "image": images.trainer_image(spec),
         "command": _command(job, role, index, gpus, cpu),
         "env": _env(job, role, index, attempt),
         "resources": {"requests": requests, "limits": limits},

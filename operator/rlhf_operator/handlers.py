@@ -31,7 +31,7 @@ from typing import Any
 
 import kopf
 
-from rlhf_operator import autoscaler, cache, crd, jobs, kube, kueue
+from rlhf_operator import autoscaler, cache, crd, images, jobs, kube, kueue, metrics, status_policy
 from rlhf_operator.executor import CREATE_WORKERS, Executor
 from rlhf_operator.labels import FINALIZER, GROUP, JOB_NAME, PLURAL, VERSION
 
@@ -119,6 +119,22 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     rules = _get_executor().installed_rules
     if rules is not None:
         rules.enforced()
+    _report_startup(_get_executor().kube)
+
+
+def _report_startup(client: Any) -> None:
+    """Say what the operator works with: its default trainer image, and whether the status-writers
+    policy guards the status keys it owns (`status_policy`)."""
+    image = images.default_image()
+    if image:
+        log.info("default trainer image (jobs without spec.image): %s", image)
+    else:
+        log.warning("no default trainer image (%s unset): jobs must set spec.image", images.ENV_TRAINER_IMAGE)
+    try:
+        state = status_policy.check(status_policy.policy_name(), client.get_path)
+    except kube.Retry as err:
+        state = status_policy.PolicyState(False, f"cannot read the status-writers policy ({err})")
+    status_policy.report(state, metrics.STATUS_POLICY_INSTALLED)
 
 
 @kopf.on.probe(id="jobs")

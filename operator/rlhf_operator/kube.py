@@ -168,6 +168,13 @@ class Kube:
             return None
         return dict((items[0].get("metadata") or {}).get("annotations") or {})
 
+    def get_path(self, api_path: str) -> dict[str, Any] | None:
+        """GET an API path; None when the object, or its API, is not there (404)."""
+        try:
+            return self._call("GET", api_path)  # type: ignore[no-any-return]
+        except LookupError:
+            return None
+
     def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         """The stored object of `obj`'s kind, namespace and name, or None when there is none."""
         meta = obj["metadata"]

@@ -27,6 +27,10 @@ AUTOSCALE_DECISIONS = Counter(
     "Evaluations of the rollout autoscaling policy, by direction (up, down, none).",
     ["direction"],
 )
+STATUS_POLICY_INSTALLED = Gauge(
+    "rlhf_operator_status_policy_installed",
+    "1 when the chart's status-writers ValidatingAdmissionPolicy and its binding are installed, else 0.",
+)
 
 #: The last phase of each job the operator drives: (namespace, name) -> (uid, phase).
 _phases: dict[tuple[str, str], tuple[str | None, str]] = {}

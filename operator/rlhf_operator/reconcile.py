@@ -36,6 +36,7 @@ from rlhf_operator import (
     children,
     failure_policy,
     gang,
+    images,
     jobs,
     kueue,
     labels,
@@ -335,9 +336,14 @@ DONE, NEXT = True, False
 
 
 def parse_spec(p: Pass) -> bool:
-    """An invalid spec fails the job (`InvalidSpec`, every problem named); the handler then stops."""
+    """An invalid spec fails the job (`InvalidSpec`, every problem named); the handler then stops.
+    A job with no image, on an operator with no default one (`images`), is invalid too."""
     try:
-        p.out.job = jobs.parse(p.body, admitted=p.admitted)
+        job = jobs.parse(p.body, admitted=p.admitted)
+        no_image = images.missing_image(job.spec)
+        if no_image:
+            raise SpecError([no_image])
+        p.out.job = job
     except SpecError as err:
         message = "; ".join(err.errors)
         p.out.invalid = message

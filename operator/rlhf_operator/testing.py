@@ -17,6 +17,11 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
+from rlhf_operator import images
+
+#: The default trainer image of an operator the tests start (never pulled: kwok runs no pods).
+TEST_TRAINER_IMAGE = "registry.invalid/rlhf-operator/trainer:test"
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -56,6 +61,8 @@ class OperatorProcess:
             **os.environ,
             "KUBECONFIG": self.kubeconfig,
             "RLHF_OPERATOR_DEBOUNCE_SECONDS": "0.05",
+            # As the chart sets it (trainerImage): jobs of the tests need not name an image.
+            images.ENV_TRAINER_IMAGE: os.environ.get(images.ENV_TRAINER_IMAGE, TEST_TRAINER_IMAGE),
             **self.env,
         }
         if self.log_path:

@@ -11,7 +11,7 @@ import pytest
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "manifests" / "examples").glob("*.yaml"))
 #: Examples written for a cluster (their storage must be right there, too).
-CLUSTER = {"grpo-h100", "grpo-pvc", "ppo-two-pools", "grpo-7b-8xh100"}
+CLUSTER = {"first-job", "grpo-h100", "grpo-pvc", "ppo-two-pools", "grpo-7b-8xh100"}
 
 
 def _job(path: Path):

@@ -602,7 +602,7 @@ CKPT_FIX = (
     "mount a volume at or above {where} in spec.pod.volumes (a persistentVolumeClaim with access mode "
     "ReadWriteMany, so that they all see it)"
 )
-# (case, spec updates, errors, warnings); GRPO defaults: controller, actor, critic, reference, reward pods.
+# (case, spec updates, errors, warnings); GRPO defaults: controller, actor, reference, reward pods (GRPO trains no critic: spec.unused_roles).
 STORAGE = [
     (
         "a shared PVC at the working directory: relative run and checkpoint dirs are on it",
@@ -615,7 +615,7 @@ STORAGE = [
         {},
         [
             "spec.checkpoint.dir: '<output.dir>/checkpoints' (/workspace/runs/demo/checkpoints in the pods) is on "
-            "the emptyDir 'workspace' of the controller pod, actor pod and critic pod: every pod has its own, so "
+            "the emptyDir 'workspace' of the controller pod and actor pod: every pod has its own, so "
             "the files one of them writes there are invisible to the others; "
             + CKPT_FIX.format(where="/workspace/runs/demo/checkpoints")
         ],
@@ -706,7 +706,7 @@ STORAGE = [
             "(persistentVolumeClaim) of the controller pod; mount a volume at or above /workspace/runs/demo in "
             "spec.pod.volumes",
             "spec.checkpoint.dir: '<output.dir>/checkpoints' (/workspace/runs/demo/checkpoints in the pods) is on "
-            "the read-only volume 'work' (persistentVolumeClaim) of the controller pod, actor pod and critic pod; "
+            "the read-only volume 'work' (persistentVolumeClaim) of the controller pod and actor pod; "
             + CKPT_FIX.format(where="/workspace/runs/demo/checkpoints"),
         ],
         [],
@@ -724,7 +724,7 @@ STORAGE = [
             "controller pod finds them again after a restart only on the same node; a persistentVolumeClaim "
             "(ReadWriteMany) does not depend on that",
             "spec.checkpoint.dir: '<output.dir>/checkpoints' (/workspace/runs/demo/checkpoints in the pods) is on the "
-            "hostPath volume 'work': the controller pod, actor pod and critic pod see the same files only while they "
+            "hostPath volume 'work': the controller pod and actor pod see the same files only while they "
             "run on the same node; a persistentVolumeClaim (ReadWriteMany) does not depend on that",
         ],
     ),
@@ -746,7 +746,7 @@ STORAGE = [
         [],
         [
             "spec.model.path: '/models/tiny' is on a volume in some pods but on the image's filesystem in the "
-            "controller pod, critic pod and reference pod, which read it too; mount the volume there as well "
+            "controller pod and reference pod, which read it too; mount the volume there as well "
             "(spec.pod.volumes)"
         ],
     ),

@@ -157,6 +157,16 @@ class AlgorithmParams:
     manifest) and rejects unknown ones, naming them and listing the valid keys.
     """
 
+    #: The algorithm trains a critic (value model), so the job runs the critic role. Declared
+    #: here, torch-free, so that the operator, `rlhf validate` and `rlhf run` decide the roles a
+    #: job runs the same way (`spec.unused_roles`); the algorithm classes read it.
+    USES_CRITIC: ClassVar[bool] = False
+
+    def uses_reference(self) -> bool:
+        """The algorithm reads the reference policy's log-probs with these params (the job runs
+        the reference role). The algorithm classes read it (`Algorithm.needs_reference`)."""
+        return True
+
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
@@ -263,6 +273,11 @@ def _like(base: type[AlgorithmParams], name: str, default: Any) -> Any:
 class PolicyGradientParams(AlgorithmParams):
     """Hyperparameters shared by PPO, GRPO, RLOO and REINFORCE++."""
 
+    def uses_reference(self) -> bool:
+        # Every built-in KL controller scales the coefficient multiplicatively, so 0 stays 0: no
+        # KL term (in the reward or the loss), and nothing reads the reference policy.
+        return self.kl_coef != 0
+
     advantage_estimator: str = param(
         "gae", "Advantage estimator (ADVANTAGE_ESTIMATORS).", choices=ADVANTAGE_ESTIMATOR_NAMES
     )
@@ -348,6 +363,8 @@ class PolicyGradientParams(AlgorithmParams):
 @dataclasses.dataclass(frozen=True)
 class PPOParams(PolicyGradientParams):
     """PPO with a critic and GAE (Ouyang et al. 2022 setup: KL penalty in the reward)."""
+
+    USES_CRITIC: ClassVar[bool] = True
 
     gamma: float = param(1.0, "Discount factor.", minimum=0.0, maximum=1.0)
     lam: float = param(

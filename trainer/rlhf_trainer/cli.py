@@ -22,7 +22,13 @@ examples:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from rlhf_trainer.spec import SpecError, cluster_storage_findings, load_manifest, reference_markdown
+    from rlhf_trainer.spec import (
+        SpecError,
+        cluster_storage_findings,
+        dropped_role_notes,
+        load_manifest,
+        reference_markdown,
+    )
 
     if args.reference:
         sys.stdout.write(reference_markdown())
@@ -51,6 +57,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 status = 1
                 continue
             print(f"{path}: valid ({job.metadata_name}, algorithm {job.spec.algorithm.name})")
+            for line in dropped_role_notes(job.spec):
+                print(f"{path}: note: {line}", file=sys.stderr)
     return status
 
 
@@ -93,7 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check RLTrainingJob manifests against the spec")
-    p.add_argument("manifests", nargs="*", metavar="MANIFEST", help="YAML files holding an RLTrainingJob")
+    p.add_argument(
+        "manifests",
+        nargs="*",
+        metavar="MANIFEST",
+        help="YAML files holding an RLTrainingJob (`-`: standard input)",
+    )
     p.add_argument(
         "--reference",
         action="store_true",

@@ -36,7 +36,7 @@ from rlhf_trainer.dataflow import DataStream, FilterOperator, RewardOperator, Ro
 from rlhf_trainer.dataflow.batch import StepBatch
 from rlhf_trainer.dataflow.context import TrainerContext, timed
 from rlhf_trainer.dataflow.phases import evaluate, reshard_if_needed, sample_rows, sync_weights
-from rlhf_trainer.spec import JobSpec, RLTrainingJob, reference_in_actor
+from rlhf_trainer.spec import JobSpec, RLTrainingJob, unused_roles
 from rlhf_trainer.sync.fleet import ElasticOptions, membership_source
 from rlhf_trainer.sync.membership import MembershipSource
 
@@ -551,10 +551,12 @@ def start_workers(
         groups.append(g)
         return g
 
+    # The roles the job runs (`unused_roles`: the operator creates no pods for the others).
+    unused = unused_roles(spec)
     ctx.actor = group(ActorWorker, "actor", distributed=True, colocated=colocated)
-    if any(a.needs_critic for a in algorithms):
+    if any(a.needs_critic for a in algorithms) and "critic" not in unused:
         ctx.critic = group(CriticWorker, "critic", distributed=True)
-    if any(a.needs_reference for a in algorithms) and not reference_in_actor(spec):
+    if any(a.needs_reference for a in algorithms) and "reference" not in unused:
         ctx.reference = group(ReferenceWorker, "reference")
     ctx.reward = group(RewardWorker, "reward")
     if not colocated:

@@ -108,7 +108,11 @@ def _run(
     membership: Any = None,
 ) -> int:
     from rlhf_trainer import controller
+    from rlhf_trainer.spec import dropped_role_notes
     from rlhf_trainer.sync.fleet import ElasticOptions
+
+    for line in dropped_role_notes(job.spec):
+        print(f"note: {line}", file=sys.stderr)
 
     print(
         f"{job.metadata_name}: {job.spec.algorithm.name}, placement {job.spec.roles.placement}",

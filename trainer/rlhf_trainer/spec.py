@@ -21,6 +21,7 @@ import inspect
 import json
 import posixpath
 import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -1410,8 +1411,10 @@ class JobSpec:
     )
     # Cluster-only sections: `rlhf run` validates them and ignores them.
     image: str = _f(
-        "ghcr.io/rlhf-operator/trainer:0.1.0",
-        doc="Trainer container image (cluster only).",
+        "",
+        doc="Trainer container image (cluster only); empty: the operator's default trainer image (the "
+        "Helm chart's `trainerImage` values). A job without one on an operator without a default fails "
+        "with the condition InvalidSpec.",
         cluster_only=True,
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = _f(
@@ -1818,18 +1821,60 @@ def cluster_storage_findings(spec: JobSpec, job_name: str) -> StorageFindings:
     return out
 
 
-def _pod_counts(spec: JobSpec) -> dict[str, int]:
-    """Pods per role, as the operator creates them (rollout pods only when disaggregated)."""
+def unused_roles(spec: JobSpec) -> dict[str, str]:
+    """The roles this job runs no pods and no workers for, each with why, whatever their
+    `replicas` say: the one rule of the operator (`roles_in_use`), `rlhf run` (the controller
+    starts no worker of these) and `rlhf validate` (a note per role a manifest gave replicas).
+
+    A built-in algorithm declares, torch-free, whether it trains a critic (`USES_CRITIC`) and
+    whether its params read the reference policy (`uses_reference`: klCoef 0 does not); a custom
+    algorithm or pipeline is not imported here, so its roles are all kept."""
+    out: dict[str, str] = {}
+    if spec.roles.placement != "disaggregated":
+        out["rollout"] = "placement colocated: generation runs inside the actor workers"
+    name = spec.algorithm.name
+    params_cls = algorithm_params.BUILTIN_PARAMS.get(name)
+    params = None
+    if params_cls is not None and spec.pipeline is None:
+        try:
+            params = params_cls.from_dict(spec.algorithm.params)
+        except ValueError:  # reported by the spec's own checks
+            params = None
+    if params is not None:
+        if not params.USES_CRITIC:
+            out["critic"] = f"algorithm {name} trains no critic"
+        if not params.uses_reference():
+            out["reference"] = f"algorithm {name} with klCoef 0: no KL term reads the reference policy"
+    if reference_in_actor(spec):
+        out["reference"] = (
+            "spec.model.lora: the reference policy is the actor's base model with its adapters disabled"
+        )
+    return out
+
+
+def roles_in_use(spec: JobSpec) -> dict[str, int]:
+    """Pods per role, as the operator creates them: the controller, then every role with
+    replicas that `unused_roles` does not drop."""
+    unused = unused_roles(spec)
     counts = {CONTROLLER_ROLE: 1}
     for role in ROLES:
         n = getattr(spec.roles, role).replicas
-        if role == "rollout" and spec.roles.placement != "disaggregated":
-            n = 0
-        if role == "reference" and reference_in_actor(spec):
-            n = 0
-        if n:
+        if n and role not in unused:
             counts[role] = n
     return counts
+
+
+def dropped_role_notes(spec: JobSpec) -> list[str]:
+    """`rlhf validate`'s notes: each role the manifest gives replicas that the job does not run."""
+    return [
+        f"spec.roles.{role}: no pods and no workers ({why}), whatever its replicas say"
+        for role, why in unused_roles(spec).items()
+        if role != "rollout" and getattr(spec.roles, role).replicas > 0
+    ]
+
+
+#: Pods per role (the storage checks' name for `roles_in_use`).
+_pod_counts = roles_in_use
 
 
 def reference_in_actor(spec: JobSpec) -> bool:
@@ -2167,10 +2212,10 @@ def parse_job(
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
-    """The one RLTrainingJob document of a YAML file, as a mapping. Raises SpecError."""
+    """The one RLTrainingJob document of a YAML file (`-`: standard input), as a mapping. Raises SpecError."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = sys.stdin.read() if str(path) == "-" else p.read_text()
     except OSError as err:
         raise SpecError([f"{p}: cannot read the manifest: {err.strerror}"]) from err
     try:

@@ -37,3 +37,25 @@ pods in each job's NetworkPolicy). */}}
 {{- end -}}
 {{- join "," $pairs -}}
 {{- end -}}
+
+{{/* The default trainer image (RLHF_OPERATOR_TRAINER_IMAGE): "" with trainerImage.variant=none. */}}
+{{- define "rlhf-operator.trainerImage" -}}
+{{- $t := .Values.trainerImage -}}
+{{- if ne $t.variant "none" -}}
+{{- printf "%s:%s" (get $t $t.variant).repository ($t.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the status-writers ValidatingAdmissionPolicy is rendered: asked for, and the API
+server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (GA in Kubernetes 1.30).
+Both the API list and the version are asked: `helm template` lists every API its own client
+knows whatever --kube-version says, and a live install reports both from the server. */}}
+{{- define "rlhf-operator.statusPolicy" -}}
+{{- if and .Values.rbac.create .Values.rbac.statusWritersPolicy (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{- define "rlhf-operator.statusPolicyName" -}}
+{{- include "rlhf-operator.fullname" . }}-job-status-writers
+{{- end -}}

@@ -370,9 +370,20 @@ DESIRED = [
         (GANG, 0),
     ),
     (
-        "a critic",
-        {"roles": {**copy.deepcopy(B["spec"]["roles"]), "critic": {"replicas": 1}}},
+        "PPO: a critic",
+        {
+            "algorithm": {"name": "ppo"},
+            "roles": {**copy.deepcopy(B["spec"]["roles"]), "critic": {"replicas": 1}},
+        },
         (sorted(GANG + ["j-critic-0"]), 2),
+    ),
+    (
+        "GRPO trains no critic, klCoef 0 reads no reference: neither gets a pod (spec.unused_roles)",
+        {
+            "algorithm": {"name": "grpo", "params": {"klCoef": 0}},
+            "roles": {**copy.deepcopy(B["spec"]["roles"]), "critic": {"replicas": 1}},
+        },
+        (sorted(n for n in GANG if "-reference-" not in n), 2),
     ),
 ]
 

@@ -115,9 +115,9 @@ class PolicyGradientAlgorithm(Algorithm):
             KL_CONTROLLERS.get(p.kl_controller), {}, p.as_dict(), "KL controller"
         )
         self.num_updates = 0
-        # Every KL controller scales the coefficient multiplicatively, so 0 stays 0: no KL term,
-        # and no reference policy to run.
-        if self.kl_coef == 0:
+        # klCoef 0: no KL term, and no reference policy to run (`PolicyGradientParams.uses_reference`,
+        # which decides the job's roles too: `spec.unused_roles`).
+        if not p.uses_reference():
             self.needs_reference = False
         # With entropyCoef 0 the entropy is neither in the loss nor worth a full-vocabulary pass.
         self.needs_entropy = p.entropy_coef != 0
@@ -288,7 +288,7 @@ class PPO(PolicyGradientAlgorithm):
     """Proximal Policy Optimization (Schulman et al. 2017, arXiv:1707.06347) with a learned critic."""
 
     name: ClassVar[str] = "ppo"
-    needs_critic: ClassVar[bool] = True
+    needs_critic: ClassVar[bool] = PPOParams.USES_CRITIC
     needs_reference = True
     Params: ClassVar[type[AlgorithmParams]] = PPOParams
     params: PPOParams
