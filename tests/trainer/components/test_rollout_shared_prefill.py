@@ -49,7 +49,8 @@ def _assert_same(a: Any, b: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("temperature", "top_k", "top_p", "n"), [(1.0, 0, 1.0, 4), (0.7, 20, 0.9, 3), (1.3, 5, 1.0, 8), (0.0, 0, 1.0, 2)]
+    ("temperature", "top_k", "top_p", "n"),
+    [(1.0, 0, 1.0, 4), (0.7, 20, 0.9, 3), (1.3, 5, 1.0, 8), (0.0, 0, 1.0, 2)],
 )
 def test_one_prefill_per_prompt_gives_the_repeated_prefills_batch(
     tiny_lm: tuple[Any, Any], temperature: float, top_k: int, top_p: float, n: int
@@ -73,7 +74,10 @@ def test_a_cache_repeated_to_the_wrong_rows_is_seen(
 
     def tiled(cache: Any, repeats: int) -> None:
         for layer in cache.layers:
-            layer.keys, layer.values = layer.keys.repeat(repeats, 1, 1, 1), layer.values.repeat(repeats, 1, 1, 1)
+            layer.keys, layer.values = (
+                layer.keys.repeat(repeats, 1, 1, 1),
+                layer.values.repeat(repeats, 1, 1, 1),
+            )
 
     prompts = _ids(tiny_lm[1])
     repeated = _engine(tiny_lm, False, temperature=0.0).generate(prompts, n=2)

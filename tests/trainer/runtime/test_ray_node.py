@@ -267,4 +267,6 @@ def test_rlhf_runs_local_ray_workers_at_the_drivers_priority(short_tmp: Path):
         assert run.returncode == 0 and line, f"{how}: {run.stdout[-2000:]}{run.stderr[-3000:]}"
         seen[how] = tuple(int(x) for x in line.split()[1:])
     assert seen["plain"][0] == seen["plain"][1] + 15, f"control: plain ray.init gives {seen['plain']}"
-    assert seen["project"][0] == seen["project"][1], f"start_ray's actor and driver niceness: {seen['project']}"
+    assert seen["project"][0] == seen["project"][1], (
+        f"start_ray's actor and driver niceness: {seen['project']}"
+    )
