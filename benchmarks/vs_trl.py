@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import os
 import statistics
@@ -133,7 +134,16 @@ def run_project(model: Path, prompts: Path, a: argparse.Namespace) -> dict[str, 
     from rlhf_trainer.controller import run, start_ray
     from rlhf_trainer.metrics import read_jsonl
 
-    start_ray()
+    # Ray gives a local node a fixed 30 s to register; a loaded machine can miss it.
+    for attempt in range(1, 4):
+        try:
+            start_ray()
+            break
+        except Exception as err:
+            if "timed out during startup" not in str(err) or attempt == 3:
+                raise
+            print(f"project: Ray did not start in time (attempt {attempt} of 3); again", file=sys.stderr)
+            ray.shutdown()
 
     @ray.remote(num_cpus=0)
     def niceness() -> int:
@@ -200,6 +210,8 @@ def prompt_once_log_probs(policy: Any, out: Any, group: int) -> Any:
     minus their last token. Equal to `full_log_probs` to float rounding (tested)."""
     import torch
 
+    from rlhf_trainer.rollout.hf import _cache_of
+
     first = slice(None, None, group)
     prompt_mask = out.prompt_mask[first]  # (B/G, P)
     positions = mask_positions(prompt_mask)
@@ -209,16 +221,20 @@ def prompt_once_log_probs(policy: Any, out: Any, group: int) -> Any:
     logits = prefix.logits[:, -1:].repeat_interleave(group, 0)  # (B, 1, V): predicts response token 0
     width = out.response_ids.shape[1]
     if width > 1:
-        cache = prefix.past_key_values
+        cache = _cache_of(prefix)
         cache.batch_repeat_interleave(group)
+        # transformers 5 renamed `past_key_values` to `cache` (as the `hf` engine handles it).
+        cache_kwarg = (
+            "cache" if "cache" in inspect.signature(policy.forward).parameters else "past_key_values"
+        )
         mask = torch.cat([out.prompt_mask, out.response_mask[:, :-1].long()], 1)  # (B, P+T-1)
         steps = torch.arange(1, width, device=mask.device)[None]  # (1, T-1)
         suffix = policy(
             input_ids=out.response_ids[:, :-1],
             attention_mask=mask,
             position_ids=positions[:, -1:].repeat_interleave(group, 0) + steps,
-            past_key_values=cache,
             use_cache=True,
+            **{cache_kwarg: cache},
         )
         logits = torch.cat([logits, suffix.logits], 1)  # (B, T, V)
     return torch.log_softmax(logits.float(), -1).gather(-1, out.response_ids[..., None]).squeeze(-1)
@@ -497,8 +513,9 @@ def report(
             print(f"TRL / {floor} samples/s: {med['trl'] / med[floor]:.2f}")
     nice = ", ".join(f"{k} {sorted({r['niceness'] for r in v})}" for k, v in runs.items())
     threads = ", ".join(f"{k} {sorted({r['threads'] for r in v})}" for k, v in runs.items())
-    workers = sorted({r["worker niceness"] for r in runs.get("project", [])})
-    print(f"niceness: {nice}; the project's Ray workers {workers}; torch threads: {threads}")
+    if "project" in runs:
+        nice += f"; the project's Ray workers {sorted({r['worker niceness'] for r in runs['project']})}"
+    print(f"niceness: {nice}; torch threads: {threads}")
     busy = [(k, i) for k, v in runs.items() for i, r in enumerate(v) if busy_reason(r["before"], a.max_busy)]
     if busy:
         print(f"BUSY MACHINE: {len(busy)} of {n * len(runs)} runs started on a busy machine: {busy}")

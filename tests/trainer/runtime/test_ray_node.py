@@ -235,10 +235,14 @@ def test_a_pods_ray_node_runs_its_workers_at_the_drivers_priority(short_tmp: Pat
 LOCAL_PROBE = """
 import os, sys, ray
 from rlhf_trainer.controller import start_ray
-if sys.argv[1] == "project":
-    start_ray()
-else:
-    ray.init(num_cpus=1, include_dashboard=False)
+for attempt in range(3):  # Ray gives a local node a fixed 30 s to register: a loaded machine can miss it
+    try:
+        start_ray() if sys.argv[1] == "project" else ray.init(num_cpus=1, include_dashboard=False)
+        break
+    except Exception as err:
+        if "timed out during startup" not in str(err) or attempt == 2:
+            raise
+        ray.shutdown()
 
 @ray.remote
 class Probe:

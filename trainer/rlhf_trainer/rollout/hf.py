@@ -1,7 +1,8 @@
 """`hf` rollout engine: batched sampling from a transformers causal LM, on CPU or GPU.
 
 A manual decoding loop over the model's KV cache: the left-padded prompts go through one
-forward pass, then one token per step for every row until each row has produced EOS or
+forward pass (each prompt once, its cache then repeated to its samples: `_prefill`), then one
+token per step for every row until each row has produced EOS or
 `max_new_tokens` tokens. Positions are counted from each row's first real token, so a prompt
 gives the same tokens and log-probs alone or left-padded inside a batch.
 """
