@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import math
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -404,7 +405,7 @@ def set_gradient_sync(model: nn.Module, sync: bool) -> None:
 FUSED_ADAMW_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
-def why_not_fused_adamw(params: list[Tensor]) -> str | None:
+def why_not_fused_adamw(params: Sequence[Tensor]) -> str | None:
     """None when torch's fused AdamW kernel takes every one of `params`; else the reason. torch
     checks this only at the first `step()`, too late to fall back, so the check is made here."""
     try:
