@@ -432,6 +432,16 @@ ENV_VERIFY_WEIGHT_SYNC = _declare(
 ENV_TORCH_THREADS = _declare(
     "RLHF_TORCH_THREADS", "Intra-op torch threads per worker (workers share the cores).", "user", default="1"
 )
+#: Ray's name for its own setting (`RAY_CONFIG(int, worker_niceness, 15)`), so the constant keeps
+#: Ray's spelling.
+ENV_RAY_worker_niceness = _declare(
+    "RAY_worker_niceness",
+    "The niceness Ray's worker processes add to their raylet's (Ray's own default is 15). The "
+    "project's role workers do the job's compute, so every Ray the project starts gives them 0 "
+    "(`ray_node.worker_niceness`); a higher value yields the CPU to other programs.",
+    "user",
+    default="0",
+)
 ENV_WORKER_CPUS = _declare(
     "RLHF_WORKER_CPUS", "Logical CPUs each worker asks Ray for.", "user", default="0.25"
 )

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlhf_trainer import checkpoint, contract, placement
+from rlhf_trainer import checkpoint, contract, placement, ray_node
 from rlhf_trainer.dataflow import DataStream, FilterOperator, RewardOperator, RolloutOperator, UpdateOperator
 from rlhf_trainer.dataflow.batch import StepBatch
 from rlhf_trainer.dataflow.context import TrainerContext, timed
@@ -497,6 +497,8 @@ def start_ray(address: str | None = None) -> bool:
         runtime_env={"env_vars": env},
         log_to_driver=True,
         configure_logging=False,
+        # The role workers at the driver's priority, not Ray's default +15 (see ray_node).
+        _system_config=ray_node.system_config(),
     )
     return True
 

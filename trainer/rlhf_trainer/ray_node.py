@@ -17,6 +17,12 @@ Ray's CLI unchanged, except that it adds that one flag to the raylet's command l
 raylet itself defines). Where a future Ray starts the raylet differently, the addition is skipped
 with a warning and the node starts as plain `ray start` would.
 
+Every Ray the project starts, here (`ray start` on a pod) and in `controller.start_ray` (a local
+`ray.init`), gives its workers the niceness of `worker_niceness` (0): Ray renices each non-driver
+worker by +15 by default so that its own daemons keep the CPU, but here the workers are the job
+(the actor's update, the rollout, the reward model), and a driver-side peer such as TRL runs at
+the driver's priority.
+
 Importing this module is cheap (stdlib and the pod contract only); Ray is imported by `main`.
 """
 
@@ -30,6 +36,18 @@ from rlhf_trainer import contract
 
 #: The raylet's own flag for the dashboard agent's HTTP port (Ray's CLI does not pass it).
 RAYLET_LISTEN_PORT_FLAG = "--dashboard_agent_listen_port"
+
+
+def worker_niceness() -> int:
+    """The niceness Ray's workers add to their raylet's: 0 (the raylet's own priority) unless the
+    user sets `RAY_worker_niceness`. Ray reads the setting in each worker when it starts (its
+    core worker calls `nice(worker_niceness)`), from the system config or else the environment."""
+    return contract.ENV_RAY_worker_niceness.get_int()
+
+
+def system_config() -> dict[str, int]:
+    """The `_system_config` of a Ray the project starts with `ray.init` (a local head)."""
+    return {"worker_niceness": worker_niceness()}
 
 
 def agent_port_args(ports: contract.RayAgentPorts = contract.RAY_AGENT_PORTS) -> list[str]:
@@ -96,10 +114,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ray.scripts.scripts import main as ray_main
 
     sys.argv = ["ray", *argv]
-    try:
-        ray_main()
-    except SystemExit as done:
-        return int(done.code or 0) if not isinstance(done.code, str) else 1
+    # The raylet this starts, and every worker it spawns, inherit the environment.
+    with contract.ENV_RAY_worker_niceness.overridden(str(worker_niceness())):
+        try:
+            ray_main()
+        except SystemExit as done:
+            return int(done.code or 0) if not isinstance(done.code, str) else 1
     return 0
 
 

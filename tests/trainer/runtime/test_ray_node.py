@@ -75,12 +75,21 @@ def test_the_command_pins_every_agent_port_of_the_contract():
     assert ray_node.listen_port_of(["--head"]) is None
 
 
-def _start(cmd: list[str], tmp: Path, timeout: float) -> tuple[bool, str]:
-    """Runs `cmd` (a `ray start --block` line) in its own session with the slow agents; returns
-    whether the node started and answered a task, and its output. Stops everything it started."""
+#: What the driver prints: a task's answer, then the niceness of a worker and of the driver.
+PROBE = (
+    "import os, ray; ray.init(address={address!r}); "
+    "print(ray.get(ray.remote(lambda: 6 * 7).remote()), "
+    "ray.get(ray.remote(lambda: os.nice(0)).remote()), os.nice(0))"
+)
+
+
+def _start(cmd: list[str], tmp: Path, timeout: float, slow_agents: bool = True) -> tuple[bool, str]:
+    """Runs `cmd` (a `ray start --block` line) in its own session (with the slow agents unless
+    not `slow_agents`); returns whether the node started and answered a task, and its output
+    (ending in the driver's `PROBE` line). Stops everything it started."""
     site = tmp / "site"
     site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE if slow_agents else "")
     # Token auth with a token of the test's own, as the operator gives a job's pods.
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
     base = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | auth
@@ -101,17 +110,14 @@ def _start(cmd: list[str], tmp: Path, timeout: float) -> tuple[bool, str]:
         assert match, log.read_text()
         address = match.group(1)
         driver = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                f"import ray; ray.init(address={address!r}); print(ray.get(ray.remote(lambda: 6 * 7).remote()))",
-            ],
+            [sys.executable, "-c", PROBE.format(address=address)],
             capture_output=True,
             text=True,
             timeout=120,
             env=base,
         )
-        return driver.stdout.strip().endswith("42"), log.read_text() + driver.stdout + driver.stderr
+        answered = driver.stdout.strip().split("\n")[-1].startswith("42 ")
+        return answered, log.read_text() + driver.stderr + driver.stdout
     finally:
         with_group = os.getpgid(proc.pid) if proc.poll() is None else None
         if with_group is not None:
@@ -189,3 +195,82 @@ def test_a_node_with_agents_slower_than_rays_wait_starts(short_tmp: Path):
     started, out = _start(ray_node.command([*head[1:], f"--temp-dir={pinned / 'r'}"]), pinned, 120)
     assert started, f"the node did not start, or did not run a task:\n{out[-3000:]}"
     assert "Timed out waiting for file" not in _raylet_errors(pinned / "r")
+
+
+def _niceness(out: str) -> tuple[int, int]:
+    """(worker, driver) niceness from the `PROBE` line that ends `out`."""
+    _, worker, driver = out.strip().split("\n")[-1].split()
+    return int(worker), int(driver)
+
+
+@pytest.mark.slow
+def test_a_pods_ray_node_runs_its_workers_at_the_drivers_priority(short_tmp: Path):
+    """Ray renices each worker by `worker_niceness` (15 by default); a node the project starts
+    (`ray_node`, as every pod does) gives 0, so the role workers run at the priority of the
+    processes beside them. Plain `ray start` is the control: its workers sit 15 lower, so the
+    probe does see the setting."""
+    if os.nice(0) >= 19 - 15:
+        pytest.skip(f"this test runs at niceness {os.nice(0)}: +15 would be capped at 19, indistinguishable")
+    head = ["start", "--head", f"--port={free_port()}", "--num-cpus=1", "--include-dashboard=false"]
+    head += ["--disable-usage-stats", "--block"]
+    runs = {}
+    for name, cmd in [
+        ("plain", [sys.executable, "-m", "ray.scripts.scripts", *head]),
+        ("project", ray_node.command(head[1:])),
+    ]:
+        (short_tmp / name).mkdir()
+        started, out = _start([*cmd, f"--temp-dir={short_tmp / name / 'r'}"], short_tmp / name, 120, False)
+        assert started, f"{name}: the node did not start, or did not run a task:\n{out[-3000:]}"
+        runs[name] = _niceness(out)
+    worker, driver = runs["plain"]
+    assert worker == driver + 15, f"control: plain `ray start` workers at {worker}, driver at {driver}"
+    worker, driver = runs["project"]
+    assert worker == driver + ray_node.worker_niceness() == driver, (
+        f"the project's node runs its workers at niceness {worker}, its driver at {driver}"
+    )
+
+
+#: A driver that starts a local Ray (`controller.start_ray`, as `rlhf run` does, or plain
+#: `ray.init`), then prints the niceness of an actor and its own.
+LOCAL_PROBE = """
+import os, sys, ray
+from rlhf_trainer.controller import start_ray
+for attempt in range(3):  # Ray gives a local node a fixed 30 s to register: a loaded machine can miss it
+    try:
+        start_ray() if sys.argv[1] == "project" else ray.init(num_cpus=1, include_dashboard=False)
+        break
+    except Exception as err:
+        if "timed out during startup" not in str(err) or attempt == 2:
+            raise
+        ray.shutdown()
+
+@ray.remote
+class Probe:
+    def niceness(self):
+        return os.nice(0)
+
+print("NICE", ray.get(Probe.remote().niceness.remote()), os.nice(0))
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_rlhf_runs_local_ray_workers_at_the_drivers_priority(short_tmp: Path):
+    """`rlhf run` starts Ray with `ray.init` (`controller.start_ray`): its role actors run at the
+    driver's niceness. Plain `ray.init` is the control (+15)."""
+    if os.nice(0) >= 19 - 15:
+        pytest.skip(f"this test runs at niceness {os.nice(0)}: +15 would be capped at 19, indistinguishable")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_worker_niceness")}
+    env["RAY_TMPDIR"] = str(short_tmp)
+    seen = {}
+    for how in ("plain", "project"):
+        run = subprocess.run(
+            [sys.executable, "-c", LOCAL_PROBE, how], capture_output=True, text=True, timeout=300, env=env
+        )
+        line = next((ln for ln in run.stdout.splitlines() if ln.startswith("NICE ")), None)
+        assert run.returncode == 0 and line, f"{how}: {run.stdout[-2000:]}{run.stderr[-3000:]}"
+        seen[how] = tuple(int(x) for x in line.split()[1:])
+    assert seen["plain"][0] == seen["plain"][1] + 15, f"control: plain ray.init gives {seen['plain']}"
+    assert seen["project"][0] == seen["project"][1], (
+        f"start_ray's actor and driver niceness: {seen['project']}"
+    )

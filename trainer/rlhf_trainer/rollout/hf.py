@@ -1,7 +1,8 @@
 """`hf` rollout engine: batched sampling from a transformers causal LM, on CPU or GPU.
 
 A manual decoding loop over the model's KV cache: the left-padded prompts go through one
-forward pass, then one token per step for every row until each row has produced EOS or
+forward pass (each prompt once, its cache then repeated to its samples: `_prefill`), then one
+token per step for every row until each row has produced EOS or
 `max_new_tokens` tokens. Positions are counted from each row's first real token, so a prompt
 gives the same tokens and log-probs alone or left-padded inside a batch.
 """
@@ -9,6 +10,7 @@ gives the same tokens and log-probs alone or left-padded inside a batch.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -17,6 +19,8 @@ import torch
 
 from rlhf_trainer.rollout.batch import RolloutBatch
 from rlhf_trainer.rollout.sampling import check_sampling_params, sample_tokens
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -52,6 +56,33 @@ def eos_token_ids_of(model: Any, tokenizer: Any) -> set[int]:
 def _cache_of(out: Any) -> Any:
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
+
+
+def why_not_repeatable(cache: Any) -> str | None:
+    """None when `cache.batch_repeat_interleave` repeats all of its state along the batch: a
+    `DynamicCache` of plain or sliding-window attention layers. Other layers (linear attention's
+    conv and recurrent states, static or quantized caches) keep state that method may leave
+    unrepeated, so they are refused by name rather than trusted."""
+    try:
+        from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+    except ImportError:
+        return "this transformers has no DynamicCache layers"
+    if type(cache) is not DynamicCache:
+        return f"the model's cache is a {type(cache).__name__}, not a DynamicCache"
+    kinds = {type(layer) for layer in cache.layers} - {DynamicLayer, DynamicSlidingWindowLayer}
+    if kinds:
+        return f"the cache has {sorted(k.__name__ for k in kinds)} layers"
+    return None
+
+
+def why_not_repeated(cache: Any, rows: int) -> str | None:
+    """None when every filled layer of the repeated `cache` holds `rows` rows (a layer the
+    prefill left empty, e.g. one that shares another's cache, fills itself when used)."""
+    filled = [layer for layer in cache.layers if layer.is_initialized and layer.keys.numel()]
+    sizes = {(int(layer.keys.shape[0]), int(layer.values.shape[0])) for layer in filled}
+    if not filled or sizes != {(rows, rows)}:
+        return f"the repeated cache holds {sorted(sizes)} rows, not {rows}"
+    return None
 
 
 #: Decode steps between host reads of the stop flag on an accelerator (`finish_check_every`).
@@ -106,6 +137,9 @@ class HFRolloutEngine:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         keep = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
         self._keep_last: dict[str, int] = {keep: 1} if keep else {}
+        #: Prefill each prompt once and repeat its KV cache to its samples (`_prefill`); turned
+        #: off, with a log line, the first time the model's cache cannot be repeated.
+        self.share_prefill = True
 
     @classmethod
     def from_pretrained(
@@ -183,7 +217,7 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            tokens, logps, alive_mask, finished = self._decode(prompt, prompt_mask, greedy)
+            tokens, logps, alive_mask, finished = self._decode(prompt, prompt_mask, greedy, group=n)
         finally:
             self.model.train(was_training)
         return RolloutBatch(
@@ -197,8 +231,36 @@ class HFRolloutEngine:
             finished=finished.cpu(),
         )
 
+    def _prefill(
+        self, prompt: torch.Tensor, prompt_mask: torch.Tensor, positions: torch.Tensor, group: int
+    ) -> tuple[Any, torch.Tensor]:
+        """The prompts' forward pass: (KV cache, last position's logits `(B, V)`). The rows come
+        in runs of `group` copies of one prompt (`generate`), so each prompt goes through the model
+        once and its cache and logits are repeated to its run: what the copies would compute,
+        since attention never mixes rows. Where the model's cache cannot be repeated along the
+        batch, every row goes through the model (logged once)."""
+        if group > 1 and self.share_prefill:
+            first = slice(None, None, group)  # (B/G, P): one row per prompt
+            out = self._forward_prompts(prompt[first], prompt_mask[first], positions[first])
+            cache = _cache_of(out)
+            why = why_not_repeatable(cache)
+            if why is None:
+                cache.batch_repeat_interleave(group)
+                why = why_not_repeated(cache, prompt.shape[0])
+            if why is None:
+                return cache, out.logits[:, -1, :].repeat_interleave(group, dim=0)  # (B, V)
+            log.info("hf engine: each prompt is prefilled once per sample: %s", why)
+            self.share_prefill = False
+        out = self._forward_prompts(prompt, prompt_mask, positions)
+        return _cache_of(out), out.logits[:, -1, :]  # (B, V)
+
+    def _forward_prompts(self, prompt: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> Any:
+        return self.model(
+            input_ids=prompt, attention_mask=mask, position_ids=positions, use_cache=True, **self._keep_last
+        )
+
     def _decode(
-        self, prompt: torch.Tensor, prompt_mask: torch.Tensor, greedy: bool = False
+        self, prompt: torch.Tensor, prompt_mask: torch.Tensor, greedy: bool = False, group: int = 1
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         b = prompt.shape[0]
         temperature = 0.0 if greedy else self.temperature
@@ -206,15 +268,7 @@ class HFRolloutEngine:
         eos = torch.tensor(sorted(self.eos_ids), device=dev)
         attention = prompt_mask
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # (B, P): 0 at each row's first real token
-        out = self.model(
-            input_ids=prompt,
-            attention_mask=attention,
-            position_ids=positions,
-            use_cache=True,
-            **self._keep_last,
-        )
-        cache = _cache_of(out)
-        logits = out.logits[:, -1, :]  # (B, V)
+        cache, logits = self._prefill(prompt, prompt_mask, positions, group)
         next_pos = positions[:, -1:] + 1  # (B, 1)
         finished = torch.zeros(b, dtype=torch.bool, device=dev)
         toks, lps, alive = [], [], []

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -399,9 +401,37 @@ def set_gradient_sync(model: nn.Module, sync: bool) -> None:
         model.set_requires_gradient_sync(sync)  # type: ignore[operator]
 
 
+#: Parameter dtypes torch's fused AdamW kernel takes (the `fused` argument's documentation).
+FUSED_ADAMW_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
+def why_not_fused_adamw(params: Sequence[Tensor]) -> str | None:
+    """None when torch's fused AdamW kernel takes every one of `params`; else the reason. torch
+    checks this only at the first `step()`, too late to fall back, so the check is made here."""
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    except ImportError:
+        return f"torch {torch.__version__} does not list the devices of its fused optimizers"
+    devices = set(_get_fused_kernels_supported_devices())
+    for p in params:
+        # A DTensor (FSDP2's shard) reports its local tensor's device.
+        if p.device.type not in devices:
+            return f"a parameter is on {p.device.type}; torch {torch.__version__} fuses on {sorted(devices)}"
+        if p.dtype not in FUSED_ADAMW_DTYPES:
+            return f"a parameter is {p.dtype}"
+    return None
+
+
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters, with torch's fused kernel (the whole update in one
+    pass over each tensor, on CPU and CUDA) where it takes every parameter; else torch's default
+    (a loop over the parameters on CPU, `foreach` on CUDA), with a log line saying why. The two
+    compute the same update to float rounding (tests/trainer/components/test_optimizer.py)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    why = why_not_fused_adamw(params)
+    if why:
+        logging.getLogger(__name__).info("AdamW: torch's default implementation, not the fused one: %s", why)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True if why is None else None)
 
 
 def build_scheduler(
@@ -452,7 +482,22 @@ def load_full_optimizer_state(
 ) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
+    implementation = [(g["fused"], g["foreach"]) for g in optimizer.param_groups]
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    keep_implementation(optimizer, implementation)
+
+
+def keep_implementation(optimizer: torch.optim.Optimizer, implementation: list[tuple[Any, Any]]) -> None:
+    """Loading a state dict replaces each group's `fused`/`foreach` with the saved ones: a
+    checkpoint written by the loop implementation (or on a machine that fused) would choose the
+    implementation here. Put back `build_optimizer`'s choice; the fused kernel wants each step
+    counter as a float32 tensor on its parameter's device."""
+    for group, (fused, foreach) in zip(optimizer.param_groups, implementation):
+        group["fused"], group["foreach"] = fused, foreach
+        for p in group["params"] if fused else ():
+            state = optimizer.state.get(p, {})
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].to(dtype=torch.float32, device=p.device)
 
 
 def to_float(x: Any) -> float:
