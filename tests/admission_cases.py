@@ -111,7 +111,7 @@ CREATE_CASES: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
     (
         "online_dpo needs pairs",
         "impossible",
-        both(setp(f"{A}.name", "online_dpo"), setp(f"{A}.params", {})),
+        both(setp(f"{A}.name", "online_dpo"), setp(f"{A}.params", {}), setp("spec.rollout.samplesPerPrompt", 1)),
         "spec.rollout.samplesPerPrompt",
     ),
     (
@@ -451,6 +451,38 @@ CREATE_CASES: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
             setp(f"{R}.actor.pod", {"volumes": [_vol("c", "/d")]}),
         ),
         "spec.roles.actor.pod.volumes",
+    ),
+    # -- algorithm and rollout together (issue 22: runs that would silently learn nothing)
+    *[
+        (
+            f"{algo} with one sample per prompt",
+            "cross-field",
+            both(setp(f"{A}.name", algo), setp(f"{P}", {}), setp("spec.rollout.samplesPerPrompt", 1)),
+            "spec.rollout.samplesPerPrompt",
+        )
+        for algo in ("gspo", "dr_grpo", "rloo")
+    ],
+    (
+        "group-relative estimator with one sample per prompt",
+        "cross-field",
+        both(
+            setp(f"{A}.name", "reinforce_plus_plus"),
+            setp(f"{P}", {"advantageEstimator": "reinforce_plus_plus_baseline"}),
+            setp("spec.rollout.samplesPerPrompt", 1),
+        ),
+        "spec.rollout.samplesPerPrompt",
+    ),
+    (
+        "adaptive KL controller without a KL coefficient",
+        "params",
+        setp(f"{P}", {"klController": "adaptive", "klCoef": 0.0}),
+        P,
+    ),
+    (
+        "gspo adaptive KL at its default klCoef 0",
+        "params",
+        both(setp(f"{A}.name", "gspo"), setp(f"{P}", {"klController": "adaptive"})),
+        P,
     ),
 ]
 

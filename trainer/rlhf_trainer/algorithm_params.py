@@ -344,6 +344,22 @@ class PolicyGradientParams(AlgorithmParams):
 
     job_defaults: ClassVar[Mapping[str, str]] = {"norm_length": "rollout.max_new_tokens"}
 
+    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
+        (
+            "klController != 'adaptive' || klCoef > 0.0",
+            "klController: adaptive needs klCoef > 0 (the controller scales the coefficient, which stays 0 "
+            "and has no KL to adapt to); valid: klCoef > 0, or klController: fixed",
+        ),
+    ]
+
+    def validate(self) -> None:
+        super().validate()
+        if self.kl_controller == "adaptive" and self.kl_coef == 0:
+            raise ValueError(
+                "kl_controller 'adaptive' needs kl_coef > 0 (the controller scales the coefficient, which "
+                "stays 0 and has no KL to adapt to); got kl_coef 0; valid: kl_coef > 0, or kl_controller 'fixed'"
+            )
+
 
 @dataclasses.dataclass(frozen=True)
 class PPOParams(PolicyGradientParams):
@@ -660,6 +676,57 @@ def _with_defaults(expr: str, algo: str) -> str:
     return expr
 
 
+def class_rules(cls: type[AlgorithmParams]) -> list[tuple[str, str]]:
+    """The cross-field `CEL_RULES` of `cls` and of its bases (a subclass's own rules add to its
+    base's, as its `validate()` calls `super().validate()`), base first, each once."""
+    out: list[tuple[str, str]] = []
+    for klass in reversed(cls.__mro__):
+        for rule in klass.__dict__.get("CEL_RULES", []):
+            if rule not in out:
+                out.append(rule)
+    return out
+
+
+#: Advantage estimators whose baseline is the other samples of the prompt's group: a group of
+#: one has none (grpo, rloo: every advantage 0 or the raw score, and nothing says so).
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+
+
+def group_relative_algorithms() -> list[str]:
+    """The built-ins whose default advantage estimator is group-relative (`GROUP_ESTIMATORS`)."""
+    return [
+        algo
+        for algo, cls in BUILTIN_PARAMS.items()
+        if "advantage_estimator" in cls.__dataclass_fields__  # type: ignore[attr-defined]
+        and cls.__dataclass_fields__["advantage_estimator"].default in GROUP_ESTIMATORS  # type: ignore[attr-defined]
+    ]
+
+
+def group_size_rule() -> tuple[Any, ...]:
+    """The job's rule (CEL over the spec): a group-relative advantage (the algorithm's default
+    estimator, or `params.advantageEstimator` when set) needs samplesPerPrompt >= 2."""
+    estimator = "self.algorithm.params.advantageEstimator"
+    grouped = (
+        f"(has({estimator}) ? {estimator} in {_cel_list(GROUP_ESTIMATORS)}"
+        f" : self.algorithm.name in {_cel_list(group_relative_algorithms())})"
+    )
+    why = (
+        "a group-relative advantage (algorithms " + ", ".join(group_relative_algorithms())
+        + "; advantageEstimator " + ", ".join(GROUP_ESTIMATORS) + ") has no baseline in a group of one"
+    )
+    return (
+        f"!{grouped} || self.rollout.samplesPerPrompt >= 2",
+        f"spec.rollout.samplesPerPrompt must be >= 2: {why}",
+        {
+            "fieldPath": ".rollout.samplesPerPrompt",
+            "messageExpression": "'spec.rollout.samplesPerPrompt must be >= 2 for algorithm ' + self.algorithm.name"
+            f" + ' (' + (has({estimator}) ? 'advantageEstimator ' + {estimator} : 'its default advantage "
+            "estimator') + ' is group-relative: a group of one has no baseline, every advantage would be 0); "
+            "got 1'",
+        },
+    )
+
+
 def cel_rules() -> list[tuple[Any, ...]]:
     """Rules of `spec.algorithm` (CEL, `self` is the algorithm): each key of `params` must be one
     the chosen built-in takes; each built-in's cross-field rules; customParams only for a custom
@@ -690,7 +757,7 @@ def cel_rules() -> list[tuple[Any, ...]]:
             )
         )
     for algo, cls in BUILTIN_PARAMS.items():
-        for expr, message in getattr(cls, "CEL_RULES", []):
+        for expr, message in class_rules(cls):
             rules.append(
                 (
                     f"self.name != '{algo}' || ({_with_defaults(expr, algo)})",
@@ -736,7 +803,7 @@ def reference_markdown() -> str:
                 f"| `{camel(f.name)}` | {_type_name(hints[f.name]).replace(' | None', ' or null')} | `{json.dumps(f.default)}` | {valid} | "
                 f"{f.metadata.get('doc', '')} |"
             )
-        rules = getattr(cls, "CEL_RULES", [])
+        rules = class_rules(cls)
         if rules:
             lines += ["", "Cross-field rules: " + "; ".join(message for _, message in rules) + "."]
         lines.append("")

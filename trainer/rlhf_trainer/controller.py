@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_trainer import checkpoint, contract, placement
-from rlhf_trainer.dataflow import DataStream, FilterOperator, RewardOperator, RolloutOperator, UpdateOperator
+from rlhf_trainer.dataflow import DataStream, RewardOperator, RolloutOperator, UpdateOperator
 from rlhf_trainer.dataflow.batch import StepBatch
 from rlhf_trainer.dataflow.context import TrainerContext, timed
 from rlhf_trainer.dataflow.phases import evaluate, reshard_if_needed, sample_rows, sync_weights
@@ -521,8 +521,7 @@ def standard_stream(ctx: TrainerContext) -> DataStream:
     return (
         DataStream()
         .add_operator(RolloutOperator(ctx))  # rollout: prompts -> samplesPerPrompt responses each
-        .add_operator(RewardOperator(ctx))  # reward: functions + reward model (failures per onError)
-        .add_operator(FilterOperator(predicate=lambda b: b["reward_valid"], name="reward_failed"))
+        .add_operator(RewardOperator(ctx))  # reward: functions + reward model (failed ones dropped, per onError)
         .add_operator(UpdateOperator(ctx))  # reference/critic -> advantage -> actor/critic update
     )
 

@@ -1511,25 +1511,15 @@ class JobSpec:
             "valid with topP < 1 or topK > 0: maxStaleness 0",
             {"fieldPath": ".rollout.maxStaleness"},
         ),
+        algorithm_params.group_size_rule(),
         (
-            "!(self.algorithm.name in ['grpo', 'rloo']) || has(self.algorithm.params.advantageEstimator)"
-            " || self.rollout.samplesPerPrompt >= 2",
-            "spec.rollout.samplesPerPrompt must be >= 2 for a group-relative algorithm (grpo, rloo): "
-            "a group of one has no baseline",
+            "self.algorithm.name != 'online_dpo' || self.rollout.samplesPerPrompt >= 2",
+            "spec.rollout.samplesPerPrompt must be >= 2 for online_dpo (the best and worst samples of "
+            "each prompt make its pair)",
             {
                 "fieldPath": ".rollout.samplesPerPrompt",
-                "messageExpression": "'spec.rollout.samplesPerPrompt must be >= 2 for a group-relative algorithm "
-                "(grpo, rloo): a group of one has no baseline; got ' + "
-                + cel_int("self.rollout.samplesPerPrompt"),
-            },
-        ),
-        (
-            "self.algorithm.name != 'online_dpo' || self.rollout.samplesPerPrompt == 2",
-            "spec.rollout.samplesPerPrompt must be 2 for online_dpo (one pair per prompt)",
-            {
-                "fieldPath": ".rollout.samplesPerPrompt",
-                "messageExpression": "'spec.rollout.samplesPerPrompt must be 2 for online_dpo (one pair per prompt); "
-                "got ' + " + cel_int("self.rollout.samplesPerPrompt"),
+                "messageExpression": "'spec.rollout.samplesPerPrompt must be >= 2 for online_dpo (the best and "
+                "worst samples of each prompt make its pair); got ' + " + cel_int("self.rollout.samplesPerPrompt"),
             },
         ),
         (

@@ -100,3 +100,81 @@ def test_online_dpo_after_a_filter_left_a_group_of_one_trains_on_the_pairs_only(
     assert out.metrics["dpo/pairs"] == 1.0 and out.metrics["dpo/groups_without_pair"] == 2.0
     assert out.metrics["update/untrained_samples"] == 3.0
     assert out.metrics["filter/reward_failed_dropped"] == 1.0
+
+
+class _FailsOnSeven:
+    """A reward with a bug: it raises on a prompt holding a 7 (runtime_rewards.fails_on_seven)."""
+
+    def compute_reward(self, prompts, responses, **_):
+        if any("7" in p for p in prompts):
+            raise ValueError("cannot score response")
+        return [1.0 for _ in responses]
+
+
+class _LocalRewards:
+    """The reward role's `score` call on a real `CombinedReward`, in this process (the Ray group
+    only splits rows between workers)."""
+
+    def __init__(self, on_error: str):
+        from rlhf_trainer.rewards import CombinedReward
+
+        self.combined = CombinedReward([("fails_on_seven", 1.0, _FailsOnSeven())], on_error=on_error)
+
+    def __len__(self) -> int:
+        return 1
+
+    def call_each(self, method, args_list):
+        assert method == "score"
+        return [self.combined.compute(p, r, c, messages=m) for p, r, c, m, _ in args_list]
+
+
+def _scored_stream(on_error: str, *after):
+    """A seed-style `spec.pipeline` stream: a source, the reward operator, then `after`."""
+    from types import SimpleNamespace
+
+    from rlhf_trainer.dataflow import RewardOperator
+
+    def source(_):
+        b = _batch()
+        b.prompts = ["1+1=", "2+7=", "3+7=", "4+4=", "5+5=", "6+1="]  # two contain a 7
+        return b
+
+    ctx = SimpleNamespace(reward=_LocalRewards(on_error), step=0)
+    return DataStream([source, RewardOperator(ctx), *after])
+
+
+def test_a_failed_reward_never_reaches_a_pipeline_as_a_zero():
+    """Issue 22: the reward phase wrote 0 for a failed score and only the built-in stream dropped
+    it; a seed-style FilterOperator(threshold=-0.5) kept those rows. Now the reward operator drops
+    them, counted in `reward/dropped`."""
+    sink = Record("sink")
+    metrics = DataStream(_scored_stream("skip", FilterOperator(threshold=-0.5), sink).operators).step()
+    assert sink.seen == [["1+1=", "4+4=", "5+5=", "6+1="]]
+    assert metrics["reward/dropped"] == 2.0 and metrics["reward/invalid"] == 2.0
+    assert metrics["filter/filter_dropped"] == 0.0
+
+
+def test_a_failed_reward_under_penalty_trains_with_the_penalty_and_under_fail_stops():
+    sink = Record("sink")
+    stream = _scored_stream("penalty", sink)
+    metrics = stream.step()
+    assert len(sink.seen[0]) == 6 and metrics["reward/dropped"] == 0.0
+    assert stream.last_batch["scores"].tolist() == [1.0, -1.0, -1.0, 1.0, 1.0, 1.0]
+    with pytest.raises(Exception, match="cannot score response"):
+        _scored_stream("fail", sink).step()
+
+
+def test_the_update_operators_drop_rows_a_stream_scored_itself():
+    """A stream that wrote `reward_valid` itself (phases.score in its own operator): the update
+    operators drop the failed rows before preparing anything."""
+    from rlhf_trainer.dataflow import phases
+
+    batch = _batch()
+    batch["reward_valid"] = torch.tensor([True, False, True, True, True, False])
+    out = phases.drop_invalid_rewards(batch)
+    assert out.prompts == ["p0", "p2", "p3", "p4"] and out.metrics["reward/dropped"] == 2.0
+    again = phases.drop_invalid_rewards(out)
+    assert len(again) == 4 and again.metrics["reward/dropped"] == 2.0
+    routed = Record("routed")
+    metrics = DataStream([lambda _: batch, ConditionalUpdateOperator(lambda b: b["scores"] >= 0, routed)]).step()
+    assert routed.seen == [["p0", "p2", "p3", "p4"]] and metrics["reward/dropped"] == 2.0

@@ -53,7 +53,9 @@ class RolloutOperator:
 
 
 class RewardOperator:
-    """Scores every sample with the job's reward functions and reward model (`spec.reward`)."""
+    """Scores every sample with the job's reward functions and reward model (`spec.reward`).
+    A sample whose reward failed under `onError: skip` leaves the batch here, counted in
+    `reward/dropped` (`phases.drop_invalid_rewards`): no later operator sees it as a 0."""
 
     def __init__(self, ctx: TrainerContext):
         self.ctx = ctx
@@ -62,7 +64,7 @@ class RewardOperator:
         if batch is None:
             raise ValueError("RewardOperator: nothing to score (put it after a RolloutOperator)")
         with timed(batch.metrics, "reward"):
-            return phases.score(self.ctx, batch)
+            return phases.drop_invalid_rewards(phases.score(self.ctx, batch))
 
 
 #: The seed tutorial's name for the reward step (it scores with the reward model and functions).
@@ -90,6 +92,7 @@ class UpdateOperator:
     def __call__(self, batch: StepBatch | None) -> StepBatch:
         if batch is None:
             raise ValueError("UpdateOperator: nothing to train on (put it after a RolloutOperator)")
+        batch = phases.drop_invalid_rewards(batch)  # a stream that scored with phases.score itself
         if len(batch) < len(self.ctx.actor):  # fewer samples than actor ranks: nothing sensible to do
             return phases.skip_update(self.ctx, batch)
         batch = self.prepare(batch)

@@ -139,8 +139,9 @@ def score(ctx: TrainerContext, batch: StepBatch, rewards: str = "job") -> StepBa
     set (`workers.reward.JOB_REWARDS`, or `EVAL_REWARDS`: the evaluation's own functions).
 
     Failures follow `reward.onError` inside `CombinedReward`: `fail` raises (the job stops, naming
-    the sample), `skip` marks the sample invalid (`reward_valid` False: dropped by the stream's
-    filter), `penalty` gives it `errorPenalty`. Each failure is logged with its sample here.
+    the sample), `skip` marks the sample invalid (`reward_valid` False, its score 0 here:
+    `RewardOperator` drops it with `drop_invalid_rewards`), `penalty` gives it `errorPenalty`.
+    Each failure is logged with its sample here.
     """
     chunks = _split(len(batch), len(ctx.reward))
     messages = batch.messages or [None] * len(batch)
@@ -179,6 +180,22 @@ def score(ctx: TrainerContext, batch: StepBatch, rewards: str = "job") -> StepBa
         for name in getattr(r, "per_reward", {}) or {}:
             values = torch.cat([torch.as_tensor(x.per_reward[name], dtype=torch.float32) for x in results])
             batch.metrics[f"reward/{name}"] = float(values[valid].mean()) if valid.any() else float("nan")
+    return batch
+
+
+def drop_invalid_rewards(batch: StepBatch) -> StepBatch:
+    """The samples whose reward failed (`reward_valid` False, `reward.onError: skip`) out of the
+    batch, counted in `reward/dropped` (summed when called again). Under `onError: penalty` a
+    failed sample is valid with its penalty, under `fail` the reward phase has raised: so no
+    failed reward ever reaches an update, whatever operators a stream puts between the reward
+    and the update (`RewardOperator` calls this, and every update operator again)."""
+    if "reward_valid" not in batch:
+        return batch
+    valid = batch["reward_valid"].bool()
+    dropped = int((~valid).sum())
+    if dropped:
+        batch = batch.select(valid)
+    batch.metrics["reward/dropped"] = batch.metrics.get("reward/dropped", 0.0) + dropped
     return batch
 
 

@@ -141,6 +141,7 @@ class ConditionalUpdateOperator:
 
         if batch is None:
             raise ValueError("ConditionalUpdateOperator: nothing to route (put it after the rollout)")
+        batch = phases.drop_invalid_rewards(batch)  # no failed reward reaches either branch
         mask = torch.as_tensor(self.condition(batch), dtype=torch.bool)
         if mask.dim() == 0:
             mask = mask.expand(len(batch))
