@@ -341,8 +341,32 @@ class PolicyGradientParams(AlgorithmParams):
     whiten_unbiased: bool = param(
         True, "Whitening uses the unbiased variance (n - 1, verl) instead of the biased one (n, OpenRLHF)."
     )
+    overlong_buffer_length: int = param(
+        0,
+        "DAPO's overlong soft penalty (arXiv:2503.14476, eq. 13): a response longer than "
+        "overlongMaxLength - this many tokens loses reward linearly, from 0 there to -overlongPenaltyFactor "
+        "at overlongMaxLength; added to the score before the advantages. 0 disables.",
+        minimum=0,
+    )
+    overlong_penalty_factor: float = param(
+        1.0, "Penalty of the overlong soft penalty at the longest response (DAPO: 1).", minimum=0.0
+    )
+    overlong_max_length: int | None = param(
+        None,
+        "Longest response of the overlong soft penalty. Unset in a job: the generation budget "
+        "rollout.maxNewTokens; outside a job it must be given when overlongBufferLength > 0.",
+        minimum=1,
+    )
+    mask_truncated: bool = param(
+        False,
+        "DAPO's overlong filtering: responses cut at rollout.maxNewTokens without an end-of-sequence token "
+        "(batch key 'truncated') are left out of the loss; they still count in their group's advantages.",
+    )
 
-    job_defaults: ClassVar[Mapping[str, str]] = {"norm_length": "rollout.max_new_tokens"}
+    job_defaults: ClassVar[Mapping[str, str]] = {
+        "norm_length": "rollout.max_new_tokens",
+        "overlong_max_length": "rollout.max_new_tokens",
+    }
 
     CEL_RULES: ClassVar[list[tuple[str, str]]] = [
         (
@@ -354,6 +378,11 @@ class PolicyGradientParams(AlgorithmParams):
 
     def validate(self) -> None:
         super().validate()
+        if self.overlong_max_length is not None and self.overlong_buffer_length >= self.overlong_max_length:
+            raise ValueError(
+                f"overlong_buffer_length {self.overlong_buffer_length} must be < overlong_max_length "
+                f"{self.overlong_max_length} (rollout.maxNewTokens in a job)"
+            )
         if self.kl_controller == "adaptive" and self.kl_coef == 0:
             raise ValueError(
                 "kl_controller 'adaptive' needs kl_coef > 0 (the controller scales the coefficient, which "
@@ -711,8 +740,11 @@ def group_size_rule() -> tuple[Any, ...]:
         f" : self.algorithm.name in {_cel_list(group_relative_algorithms())})"
     )
     why = (
-        "a group-relative advantage (algorithms " + ", ".join(group_relative_algorithms())
-        + "; advantageEstimator " + ", ".join(GROUP_ESTIMATORS) + ") has no baseline in a group of one"
+        "a group-relative advantage (algorithms "
+        + ", ".join(group_relative_algorithms())
+        + "; advantageEstimator "
+        + ", ".join(GROUP_ESTIMATORS)
+        + ") has no baseline in a group of one"
     )
     return (
         f"!{grouped} || self.rollout.samplesPerPrompt >= 2",

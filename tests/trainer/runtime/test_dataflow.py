@@ -176,5 +176,7 @@ def test_the_update_operators_drop_rows_a_stream_scored_itself():
     again = phases.drop_invalid_rewards(out)
     assert len(again) == 4 and again.metrics["reward/dropped"] == 2.0
     routed = Record("routed")
-    metrics = DataStream([lambda _: batch, ConditionalUpdateOperator(lambda b: b["scores"] >= 0, routed)]).step()
+    metrics = DataStream(
+        [lambda _: batch, ConditionalUpdateOperator(lambda b: b["scores"] >= 0, routed)]
+    ).step()
     assert routed.seen == [["p0", "p2", "p3", "p4"]] and metrics["reward/dropped"] == 2.0

@@ -152,6 +152,7 @@ class ConditionalUpdateOperator:
                 for u in updaters:
                     batch = phases.policy_log_probs(ctx, batch, u.algorithm)
                 batch = phases.behaviour_log_probs(ctx, batch)
+                batch = phases.rollout_correction(ctx, batch)
         trained: list[tuple[str, Any, StepBatch]] = []
         for name, rows in (("true", mask), ("false", ~mask)):
             stream = self.branches[name]
