@@ -180,3 +180,98 @@ def test_the_update_operators_drop_rows_a_stream_scored_itself():
         [lambda _: batch, ConditionalUpdateOperator(lambda b: b["scores"] >= 0, routed)]
     ).step()
     assert routed.seen == [["p0", "p2", "p3", "p4"]] and metrics["reward/dropped"] == 2.0
+
+
+def _round_batch(scores: list[float], width: int, name: str) -> StepBatch:
+    """A scored round of len(scores) / 2 prompts, two samples each, responses `width` wide."""
+    n = len(scores)
+    return StepBatch(
+        tensors={
+            "response_mask": torch.ones(n, width),
+            "prompt_ids": torch.ones(n, width + 1, dtype=torch.long),
+            "scores": torch.tensor(scores),
+            "group_index": torch.arange(n) // 2,
+        },
+        prompts=[f"{name}{i // 2}" for i in range(n)],
+        responses=[f"r{i}" for i in range(n)],
+        columns=[{} for _ in range(n)],
+        metrics={"reward/mean": 0.5},
+    )
+
+
+class _Rounds:
+    """DynamicSamplingOperator whose extra rounds are prepared batches (the real ones generate
+    and score on the workers: tests/trainer/runtime/test_dapo.py)."""
+
+    def __new__(cls, prompts_per_step: int, max_extra_rounds: int, rounds: list[StepBatch]):
+        from types import SimpleNamespace
+
+        from rlhf_trainer.dataflow import DynamicSamplingOperator
+
+        spec = SimpleNamespace(
+            training=SimpleNamespace(prompts_per_step=prompts_per_step),
+            algorithm=SimpleNamespace(dynamic_sampling=SimpleNamespace(max_extra_rounds=max_extra_rounds)),
+        )
+        op = DynamicSamplingOperator(SimpleNamespace(spec=spec))
+        queue = list(rounds)
+        op._round = lambda: queue.pop(0) if queue else None  # type: ignore[method-assign]
+        return op
+
+
+def test_dynamic_sampling_oversamples_until_full_and_its_counts_add_up():
+    first = _round_batch([1, 1, 0, 1, 0, 0], 3, "a")  # a0 uniform, a1 varied, a2 uniform
+    second = _round_batch([1, 0, 1, 1, 0, 1], 5, "b")  # b0, b2 varied, b1 uniform
+    op = _Rounds(prompts_per_step=3, max_extra_rounds=3, rounds=[second])
+    out = op(first)
+    assert out.prompts == ["a1", "a1", "b0", "b0", "b2", "b2"]
+    assert out["response_mask"].shape == (6, 5) and out["response_mask"][:2].sum() == 6  # re-padded
+    assert out["prompt_ids"].shape == (6, 6) and out["prompt_ids"][0, 0] == 0  # prompts padded on the left
+    assert len(torch.unique(out["group_index"])) == 3
+    m = out.metrics
+    assert m["dynamic_sampling/rounds"] == 1.0 and m["dynamic_sampling/groups_kept"] == 3.0
+    assert m["dynamic_sampling/groups_generated"] == 6.0 and m["dynamic_sampling/groups_uniform"] == 3.0
+    assert m["dynamic_sampling/groups_generated"] == sum(
+        m[f"dynamic_sampling/groups_{k}"] for k in ("kept", "uniform", "surplus")
+    )
+    assert m["reward/mean"] == 0.5  # the first round's metrics stay
+
+
+def test_dynamic_sampling_leaves_surplus_groups_out_and_stops_at_its_bound():
+    varied = _round_batch([1, 0, 0, 1, 1, 0], 3, "a")
+    out = _Rounds(prompts_per_step=2, max_extra_rounds=3, rounds=[])(varied)
+    assert out.prompts == ["a0", "a0", "a1", "a1"]
+    assert out.metrics["dynamic_sampling/groups_surplus"] == 1.0
+    assert out.metrics["dynamic_sampling/rounds"] == 0.0
+    uniform = [_round_batch([1, 1, 0, 0], 2, x) for x in "abcd"]
+    out = _Rounds(prompts_per_step=2, max_extra_rounds=2, rounds=uniform[1:])(uniform[0])
+    assert len(out) == 0 and out.metrics["dynamic_sampling/rounds"] == 2.0  # bounded: a, b, c only
+    assert out.metrics["dynamic_sampling/groups_generated"] == 6.0
+    assert out.metrics["dynamic_sampling/groups_kept"] == 0.0
+
+
+def test_the_truncation_flag_and_length_reach_the_reward_functions_as_columns():
+    from rlhf_trainer.dataflow import phases
+    from rlhf_trainer.rollout import RolloutBatch
+
+    rollout = RolloutBatch(
+        prompt_ids=torch.ones(3, 2, dtype=torch.long),
+        prompt_mask=torch.ones(3, 2, dtype=torch.long),
+        response_ids=torch.ones(3, 4, dtype=torch.long),
+        response_mask=torch.tensor([[1.0, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]]),
+        log_probs=torch.zeros(3, 4),
+        finished=torch.tensor([True, False, True]),  # row 2 ended with EOS on its last token
+    )
+    truncated = phases.truncated_rows(rollout, max_new_tokens=4)
+    assert truncated.tolist() == [False, True, False]
+    rollout.finished = None  # an engine that does not say: judged by length
+    assert phases.truncated_rows(rollout, max_new_tokens=4).tolist() == [False, True, True]
+    batch = StepBatch(
+        tensors={"response_mask": rollout.response_mask, "truncated": truncated},
+        prompts=["p", "q", "r"],
+        columns=[{"answer": "1"}, {"answer": "2", "truncated": "dataset's"}, {}],
+    )
+    assert phases.reward_columns(batch) == [
+        {"answer": "1", "truncated": False, "response_length": 2},
+        {"answer": "2", "truncated": True, "response_length": 4},
+        {"truncated": False, "response_length": 4},
+    ]
