@@ -385,8 +385,9 @@ class PolicyGradientParams(AlgorithmParams):
             )
         if self.kl_controller == "adaptive" and self.kl_coef == 0:
             raise ValueError(
-                "kl_controller 'adaptive' needs kl_coef > 0 (the controller scales the coefficient, which "
-                "stays 0 and has no KL to adapt to); got kl_coef 0; valid: kl_coef > 0, or kl_controller 'fixed'"
+                "klController (kl_controller) 'adaptive' needs klCoef (kl_coef) > 0: the controller scales the "
+                "coefficient, which stays 0 and has no KL to adapt to; got klCoef 0; valid: klCoef > 0, or "
+                "klController 'fixed'"
             )
 
 
@@ -514,7 +515,8 @@ class DynamicKLPPOParams(PPOParams):
 
 @dataclasses.dataclass(frozen=True)
 class OnlineDPOParams(AlgorithmParams):
-    """Online DPO: two samples per prompt, the better-scored one is chosen, a preference loss on the pair."""
+    """Online DPO: samplesPerPrompt >= 2 per prompt, its best- and worst-scored samples make the pair
+    (best vs worst of n; 4-8 is the usual recipe), a preference loss on the pair."""
 
     preference_loss: str = param(
         "dpo", "Pairwise loss (PREFERENCE_LOSSES): 'dpo' or 'ipo'.", choices=PREFERENCE_LOSS_NAMES

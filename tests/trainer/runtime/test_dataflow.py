@@ -275,3 +275,23 @@ def test_the_truncation_flag_and_length_reach_the_reward_functions_as_columns():
         {"answer": "2", "truncated": True, "response_length": 4},
         {"truncated": False, "response_length": 4},
     ]
+
+
+def test_a_reward_function_naming_truncated_gets_it_through_the_reward_phase():
+    from types import SimpleNamespace
+
+    from rlhf_trainer.dataflow import phases
+    from rlhf_trainer.rewards import CombinedReward, FunctionReward
+
+    def stops(prompts, responses, truncated, response_length):
+        return [-1.0 if cut else float(n) for cut, n in zip(truncated, response_length)]
+
+    class Rewards(_LocalRewards):
+        def __init__(self):
+            self.combined = CombinedReward([("stops", 1.0, FunctionReward(stops))])
+
+    batch = _batch()
+    batch["truncated"] = torch.tensor([False, True, False, False, True, False])
+    batch["response_mask"] = torch.tensor([[1.0, 0, 0]] * 3 + [[1.0, 1, 1]] * 3)
+    out = phases.score(SimpleNamespace(reward=Rewards(), step=0), batch)
+    assert out["scores"].tolist() == [1.0, -1.0, 1.0, 3.0, -1.0, 3.0]
