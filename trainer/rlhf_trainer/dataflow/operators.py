@@ -97,7 +97,7 @@ class DynamicSamplingOperator:
         counts = {"groups_generated": 0.0, "groups_uniform": 0.0, "groups_surplus": 0.0, "rounds": 0.0}
         kept: list[StepBatch] = []
         have, part = 0, batch
-        while True:
+        while part is not None:
             keep, varied = groups_with_variance(part["scores"], part["group_index"])  # (B,), (G,)
             counts["groups_generated"] += float(len(varied))
             counts["groups_uniform"] += float((~varied).sum())
@@ -107,9 +107,7 @@ class DynamicSamplingOperator:
             if have >= want or counts["rounds"] >= self.max_extra_rounds:
                 break
             counts["rounds"] += 1
-            part = self._round()
-            if part is None:
-                break
+            part = self._round()  # None: the prompt source is exhausted
         out = concat_batches(kept) if kept else batch.select(torch.zeros(len(batch), dtype=torch.bool))
         out.metrics = dict(batch.metrics)
         out = self._trim(out, want, counts)
