@@ -96,7 +96,8 @@ class DynamicSamplingOperator:
         want = self.ctx.spec.training.prompts_per_step
         counts = {"groups_generated": 0.0, "groups_uniform": 0.0, "groups_surplus": 0.0, "rounds": 0.0}
         kept: list[StepBatch] = []
-        have, part = 0, batch
+        have = 0
+        part: StepBatch | None = batch
         while part is not None:
             keep, varied = groups_with_variance(part["scores"], part["group_index"])  # (B,), (G,)
             counts["groups_generated"] += float(len(varied))
