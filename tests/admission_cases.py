@@ -111,7 +111,9 @@ CREATE_CASES: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
     (
         "online_dpo needs pairs",
         "impossible",
-        both(setp(f"{A}.name", "online_dpo"), setp(f"{A}.params", {})),
+        both(
+            setp(f"{A}.name", "online_dpo"), setp(f"{A}.params", {}), setp("spec.rollout.samplesPerPrompt", 1)
+        ),
         "spec.rollout.samplesPerPrompt",
     ),
     (
@@ -451,6 +453,102 @@ CREATE_CASES: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
             setp(f"{R}.actor.pod", {"volumes": [_vol("c", "/d")]}),
         ),
         "spec.roles.actor.pod.volumes",
+    ),
+    # -- algorithm and rollout together (issue 22: runs that would silently learn nothing)
+    *[
+        (
+            f"{algo} with one sample per prompt",
+            "cross-field",
+            both(setp(f"{A}.name", algo), setp(f"{P}", {}), setp("spec.rollout.samplesPerPrompt", 1)),
+            "spec.rollout.samplesPerPrompt",
+        )
+        for algo in ("gspo", "dr_grpo", "rloo")
+    ],
+    (
+        "group-relative estimator with one sample per prompt",
+        "cross-field",
+        both(
+            setp(f"{A}.name", "reinforce_plus_plus"),
+            setp(f"{P}", {"advantageEstimator": "reinforce_plus_plus_baseline"}),
+            setp("spec.rollout.samplesPerPrompt", 1),
+        ),
+        "spec.rollout.samplesPerPrompt",
+    ),
+    (
+        "adaptive KL controller without a KL coefficient",
+        "params",
+        setp(f"{P}", {"klController": "adaptive", "klCoef": 0.0}),
+        P,
+    ),
+    (
+        "dynamic sampling with one sample per prompt",
+        "cross-field",
+        both(
+            setp(f"{A}.name", "reinforce_plus_plus"),
+            setp(f"{P}", {}),
+            setp(f"{A}.dynamicSampling", {"enabled": True}),
+            setp("spec.rollout.samplesPerPrompt", 1),
+        ),
+        f"{A}.dynamicSampling.enabled",
+    ),
+    (
+        "dynamic sampling with negative extra rounds",
+        "types",
+        setp(f"{A}.dynamicSampling", {"enabled": True, "maxExtraRounds": -1}),
+        f"{A}.dynamicSampling.maxExtraRounds",
+    ),
+    (
+        "rollout correction for online_dpo",
+        "cross-field",
+        both(
+            setp(f"{A}.name", "online_dpo"),
+            setp(f"{P}", {}),
+            setp(f"{A}.rolloutCorrection", {"enabled": True}),
+        ),
+        f"{A}.rolloutCorrection.enabled",
+    ),
+    (
+        "rollout correction with top-p",
+        "cross-field",
+        both(setp(f"{A}.rolloutCorrection", {"enabled": True}), setp("spec.rollout.topP", 0.9)),
+        f"{A}.rolloutCorrection.enabled",
+    ),
+    (
+        "rollout correction cap below 1",
+        "types",
+        setp(f"{A}.rolloutCorrection", {"enabled": True, "cap": 0.5}),
+        f"{A}.rolloutCorrection.cap",
+    ),
+    (
+        "rollout correction unknown level",
+        "types",
+        setp(f"{A}.rolloutCorrection", {"enabled": True, "level": "batch"}),
+        f"{A}.rolloutCorrection.level",
+    ),
+    (
+        "overlong buffer as long as the responses",
+        "cross-field",
+        both(setp("spec.rollout.maxNewTokens", 64), setp(f"{P}.overlongBufferLength", 64)),
+        f"{P}.overlongBufferLength",
+    ),
+    (
+        "overlong buffer longer than its own max length",
+        "params",
+        setp(f"{P}", {"overlongBufferLength": 16, "overlongMaxLength": 8}),
+        f"{P}.overlongBufferLength",
+    ),
+    ("maskTruncated not a bool", "params", setp(f"{P}.maskTruncated", "yes"), f"{P}.maskTruncated"),
+    (
+        "maskTruncated is not an online_dpo param",
+        "params",
+        both(setp(f"{A}.name", "online_dpo"), setp(f"{P}", {"maskTruncated": True})),
+        f"{P}.maskTruncated",
+    ),
+    (
+        "gspo adaptive KL at its default klCoef 0",
+        "params",
+        both(setp(f"{A}.name", "gspo"), setp(f"{P}", {"klController": "adaptive"})),
+        P,
     ),
 ]
 

@@ -356,8 +356,54 @@ class PolicyGradientParams(AlgorithmParams):
     whiten_unbiased: bool = param(
         True, "Whitening uses the unbiased variance (n - 1, verl) instead of the biased one (n, OpenRLHF)."
     )
+    overlong_buffer_length: int = param(
+        0,
+        "DAPO's overlong soft penalty (arXiv:2503.14476, eq. 13): a response longer than "
+        "overlongMaxLength - this many tokens loses reward linearly, from 0 there to -overlongPenaltyFactor "
+        "at overlongMaxLength; added to the score before the advantages. 0 disables.",
+        minimum=0,
+    )
+    overlong_penalty_factor: float = param(
+        1.0, "Penalty of the overlong soft penalty at the longest response (DAPO: 1).", minimum=0.0
+    )
+    overlong_max_length: int | None = param(
+        None,
+        "Longest response of the overlong soft penalty. Unset in a job: the generation budget "
+        "rollout.maxNewTokens; outside a job it must be given when overlongBufferLength > 0.",
+        minimum=1,
+    )
+    mask_truncated: bool = param(
+        False,
+        "DAPO's overlong filtering: responses cut at rollout.maxNewTokens without an end-of-sequence token "
+        "(batch key 'truncated') are left out of the loss; they still count in their group's advantages.",
+    )
 
-    job_defaults: ClassVar[Mapping[str, str]] = {"norm_length": "rollout.max_new_tokens"}
+    job_defaults: ClassVar[Mapping[str, str]] = {
+        "norm_length": "rollout.max_new_tokens",
+        "overlong_max_length": "rollout.max_new_tokens",
+    }
+
+    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
+        (
+            "klController != 'adaptive' || klCoef > 0.0",
+            "klController: adaptive needs klCoef > 0 (the controller scales the coefficient, which stays 0 "
+            "and has no KL to adapt to); valid: klCoef > 0, or klController: fixed",
+        ),
+    ]
+
+    def validate(self) -> None:
+        super().validate()
+        if self.overlong_max_length is not None and self.overlong_buffer_length >= self.overlong_max_length:
+            raise ValueError(
+                f"overlong_buffer_length {self.overlong_buffer_length} must be < overlong_max_length "
+                f"{self.overlong_max_length} (rollout.maxNewTokens in a job)"
+            )
+        if self.kl_controller == "adaptive" and self.kl_coef == 0:
+            raise ValueError(
+                "klController (kl_controller) 'adaptive' needs klCoef (kl_coef) > 0: the controller scales the "
+                "coefficient, which stays 0 and has no KL to adapt to; got klCoef 0; valid: klCoef > 0, or "
+                "klController 'fixed'"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -486,7 +532,8 @@ class DynamicKLPPOParams(PPOParams):
 
 @dataclasses.dataclass(frozen=True)
 class OnlineDPOParams(AlgorithmParams):
-    """Online DPO: two samples per prompt, the better-scored one is chosen, a preference loss on the pair."""
+    """Online DPO: samplesPerPrompt >= 2 per prompt, its best- and worst-scored samples make the pair
+    (best vs worst of n; 4-8 is the usual recipe), a preference loss on the pair."""
 
     preference_loss: str = param(
         "dpo", "Pairwise loss (PREFERENCE_LOSSES): 'dpo' or 'ipo'.", choices=PREFERENCE_LOSS_NAMES
@@ -677,6 +724,60 @@ def _with_defaults(expr: str, algo: str) -> str:
     return expr
 
 
+def class_rules(cls: type[AlgorithmParams]) -> list[tuple[str, str]]:
+    """The cross-field `CEL_RULES` of `cls` and of its bases (a subclass's own rules add to its
+    base's, as its `validate()` calls `super().validate()`), base first, each once."""
+    out: list[tuple[str, str]] = []
+    for klass in reversed(cls.__mro__):
+        for rule in klass.__dict__.get("CEL_RULES", []):
+            if rule not in out:
+                out.append(rule)
+    return out
+
+
+#: Advantage estimators whose baseline is the other samples of the prompt's group: a group of
+#: one has none (grpo, rloo: every advantage 0 or the raw score, and nothing says so).
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+
+
+def group_relative_algorithms() -> list[str]:
+    """The built-ins whose default advantage estimator is group-relative (`GROUP_ESTIMATORS`)."""
+    return [
+        algo
+        for algo, cls in BUILTIN_PARAMS.items()
+        if "advantage_estimator" in cls.__dataclass_fields__  # type: ignore[attr-defined]
+        and cls.__dataclass_fields__["advantage_estimator"].default in GROUP_ESTIMATORS  # type: ignore[attr-defined]
+    ]
+
+
+def group_size_rule() -> tuple[Any, ...]:
+    """The job's rule (CEL over the spec): a group-relative advantage (the algorithm's default
+    estimator, or `params.advantageEstimator` when set) needs samplesPerPrompt >= 2."""
+    estimator = "self.algorithm.params.advantageEstimator"
+    grouped = (
+        f"(has({estimator}) ? {estimator} in {_cel_list(GROUP_ESTIMATORS)}"
+        f" : self.algorithm.name in {_cel_list(group_relative_algorithms())})"
+    )
+    why = (
+        "a group-relative advantage (algorithms "
+        + ", ".join(group_relative_algorithms())
+        + "; advantageEstimator "
+        + ", ".join(GROUP_ESTIMATORS)
+        + ") has no baseline in a group of one"
+    )
+    return (
+        f"!{grouped} || self.rollout.samplesPerPrompt >= 2",
+        f"spec.rollout.samplesPerPrompt must be >= 2: {why}",
+        {
+            "fieldPath": ".rollout.samplesPerPrompt",
+            "messageExpression": "'spec.rollout.samplesPerPrompt must be >= 2 for algorithm ' + self.algorithm.name"
+            f" + ' (' + (has({estimator}) ? 'advantageEstimator ' + {estimator} : 'its default advantage "
+            "estimator') + ' is group-relative: a group of one has no baseline, every advantage would be 0); "
+            "got 1'",
+        },
+    )
+
+
 def cel_rules() -> list[tuple[Any, ...]]:
     """Rules of `spec.algorithm` (CEL, `self` is the algorithm): each key of `params` must be one
     the chosen built-in takes; each built-in's cross-field rules; customParams only for a custom
@@ -707,7 +808,7 @@ def cel_rules() -> list[tuple[Any, ...]]:
             )
         )
     for algo, cls in BUILTIN_PARAMS.items():
-        for expr, message in getattr(cls, "CEL_RULES", []):
+        for expr, message in class_rules(cls):
             rules.append(
                 (
                     f"self.name != '{algo}' || ({_with_defaults(expr, algo)})",
@@ -753,7 +854,7 @@ def reference_markdown() -> str:
                 f"| `{camel(f.name)}` | {_type_name(hints[f.name]).replace(' | None', ' or null')} | `{json.dumps(f.default)}` | {valid} | "
                 f"{f.metadata.get('doc', '')} |"
             )
-        rules = getattr(cls, "CEL_RULES", [])
+        rules = class_rules(cls)
         if rules:
             lines += ["", "Cross-field rules: " + "; ".join(message for _, message in rules) + "."]
         lines.append("")

@@ -32,7 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_trainer import checkpoint, contract, placement, ray_node
-from rlhf_trainer.dataflow import DataStream, FilterOperator, RewardOperator, RolloutOperator, UpdateOperator
+from rlhf_trainer.dataflow import (
+    DataStream,
+    DynamicSamplingOperator,
+    RewardOperator,
+    RolloutOperator,
+    UpdateOperator,
+)
 from rlhf_trainer.dataflow.batch import StepBatch
 from rlhf_trainer.dataflow.context import TrainerContext, timed
 from rlhf_trainer.dataflow.phases import evaluate, reshard_if_needed, sample_rows, sync_weights
@@ -520,13 +526,16 @@ def build_stream(ctx: TrainerContext) -> DataStream:
 
 def standard_stream(ctx: TrainerContext) -> DataStream:
     """The stream a manifest's `algorithm` section describes."""
-    return (
+    stream = (
         DataStream()
         .add_operator(RolloutOperator(ctx))  # rollout: prompts -> samplesPerPrompt responses each
-        .add_operator(RewardOperator(ctx))  # reward: functions + reward model (failures per onError)
-        .add_operator(FilterOperator(predicate=lambda b: b["reward_valid"], name="reward_failed"))
-        .add_operator(UpdateOperator(ctx))  # reference/critic -> advantage -> actor/critic update
+        .add_operator(
+            RewardOperator(ctx)
+        )  # reward: functions + reward model (failed ones dropped, per onError)
     )
+    if ctx.spec.algorithm.dynamic_sampling.enabled:  # DAPO: groups with reward variance, oversampled
+        stream.add_operator(DynamicSamplingOperator(ctx))
+    return stream.add_operator(UpdateOperator(ctx))  # reference/critic -> advantage -> actor/critic update
 
 
 def start_workers(

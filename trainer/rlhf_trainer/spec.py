@@ -273,6 +273,52 @@ class RewardSpec:
 
 
 @dataclass
+class DynamicSamplingSpec:
+    """DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476, section 3.2): a prompt whose
+    responses all got the same reward has a zero group-relative advantage and teaches nothing, so
+    its group is dropped and more prompts are sampled until the step has `promptsPerStep` groups
+    with some reward variance, or `maxExtraRounds` more rounds were generated. Counts in the
+    metrics: `dynamic_sampling/groups_generated` = `groups_kept` + `groups_uniform` (dropped:
+    rewards all equal) + `groups_surplus` (beyond promptsPerStep), and `dynamic_sampling/rounds`."""
+
+    enabled: bool = _f(
+        False, doc="Drop groups whose rewards all agree and oversample until the batch is full."
+    )
+    max_extra_rounds: int = _f(
+        3,
+        doc="Most extra rollout rounds (of promptsPerStep prompts each) per step; when they do not fill "
+        "the batch the step trains on the groups it has (`dynamic_sampling/groups_kept` says how many).",
+        minimum=0,
+    )
+
+
+@dataclass
+class RolloutCorrectionSpec:
+    """Truncated importance sampling between the trainer and the rollout engine on every batch,
+    on-policy ones included (`maxStaleness: 0`): the engine's log-probs (vLLM's kernels, bf16,
+    another batch layout) differ from the trainer's, so its samples are slightly off-policy. Each
+    token's (or sequence's) policy-gradient term is weighted by w = pi_trainer / pi_engine,
+    truncated at `cap` (or the sample masked out above it), as in Yao et al. 2025 ("Your efficient
+    RL framework secretly brings you off-policy RL training") and verl's rollout importance
+    sampling. The weights' statistics: `rollout/is_weight_mean`, `rollout/is_weight_max`,
+    `rollout/is_truncated_fraction`. With this on, the stale-sample weight of `maxStaleness > 0`
+    is this one (against the engine's log-probs of the version that generated the sample)."""
+
+    enabled: bool = _f(False, doc="Weight the policy-gradient terms by the trainer/engine importance ratio.")
+    level: Literal["token", "sequence"] = _f(
+        "token",
+        doc="`token`: one weight per token, pi_trainer(a_t) / pi_engine(a_t); `sequence`: the product over "
+        "the response's tokens, one weight for all of them.",
+    )
+    mode: Literal["truncate", "mask"] = _f(
+        "truncate",
+        doc="`truncate`: w = min(ratio, cap); `mask`: w = ratio where ratio <= cap, else 0 (the token or "
+        "sequence leaves the gradient).",
+    )
+    cap: float = _f(2.0, doc="The bound C of the importance weight.", minimum=1.0)
+
+
+@dataclass
 class AlgorithmSpec:
     """The RL algorithm: a built-in name or an import path to an `Algorithm` subclass."""
 
@@ -293,6 +339,14 @@ class AlgorithmSpec:
         doc="Free-form hyperparameters of a custom algorithm (`name: package.module:Class`), passed to it "
         "with `params`; its class checks them. Not allowed with a built-in algorithm.",
         free_form=True,
+    )
+    dynamic_sampling: DynamicSamplingSpec = _f(
+        DynamicSamplingSpec,
+        doc="DAPO's dynamic sampling: groups whose rewards all agree are dropped and more prompts sampled.",
+    )
+    rollout_correction: RolloutCorrectionSpec = _f(
+        RolloutCorrectionSpec,
+        doc="Truncated importance weights between the trainer's and the rollout engine's log-probs.",
     )
 
     CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [
@@ -1541,25 +1595,49 @@ class JobSpec:
             "valid with topP < 1 or topK > 0: maxStaleness 0",
             {"fieldPath": ".rollout.maxStaleness"},
         ),
+        algorithm_params.group_size_rule(),
         (
-            "!(self.algorithm.name in ['grpo', 'rloo']) || has(self.algorithm.params.advantageEstimator)"
-            " || self.rollout.samplesPerPrompt >= 2",
-            "spec.rollout.samplesPerPrompt must be >= 2 for a group-relative algorithm (grpo, rloo): "
-            "a group of one has no baseline",
+            "!self.algorithm.dynamicSampling.enabled || self.rollout.samplesPerPrompt >= 2",
+            "spec.algorithm.dynamicSampling.enabled needs spec.rollout.samplesPerPrompt >= 2 (a group of one "
+            "has no reward variance: every group would be dropped)",
+            {"fieldPath": ".algorithm.dynamicSampling.enabled"},
+        ),
+        (
+            "!self.algorithm.rolloutCorrection.enabled || self.algorithm.name != 'online_dpo'",
+            "spec.algorithm.rolloutCorrection.enabled: online_dpo has no policy-gradient term to weight; "
+            "valid: a policy-gradient algorithm, or enabled: false",
+            {"fieldPath": ".algorithm.rolloutCorrection.enabled"},
+        ),
+        (
+            "!self.algorithm.rolloutCorrection.enabled || (self.rollout.topP == 1.0 && self.rollout.topK == 0)",
+            "spec.algorithm.rolloutCorrection.enabled needs spec.rollout.topP: 1 and topK: 0 (the weight "
+            "compares the trainer's log-probs with the engine's, which top-p/top-k renormalise)",
+            {"fieldPath": ".algorithm.rolloutCorrection.enabled"},
+        ),
+        (
+            "!has(self.algorithm.params.overlongBufferLength) || self.algorithm.params.overlongBufferLength < "
+            "(has(self.algorithm.params.overlongMaxLength) ? self.algorithm.params.overlongMaxLength : "
+            "self.rollout.maxNewTokens)",
+            "spec.algorithm.params.overlongBufferLength must be < the longest response (overlongMaxLength, "
+            "else spec.rollout.maxNewTokens)",
             {
-                "fieldPath": ".rollout.samplesPerPrompt",
-                "messageExpression": "'spec.rollout.samplesPerPrompt must be >= 2 for a group-relative algorithm "
-                "(grpo, rloo): a group of one has no baseline; got ' + "
-                + cel_int("self.rollout.samplesPerPrompt"),
+                "fieldPath": ".algorithm.params.overlongBufferLength",
+                "messageExpression": "'spec.algorithm.params.overlongBufferLength: ' + "
+                + cel_int("self.algorithm.params.overlongBufferLength")
+                + " + ' must be < the longest response (overlongMaxLength, else spec.rollout.maxNewTokens = ' + "
+                + cel_int("self.rollout.maxNewTokens")
+                + " + ')'",
             },
         ),
         (
-            "self.algorithm.name != 'online_dpo' || self.rollout.samplesPerPrompt == 2",
-            "spec.rollout.samplesPerPrompt must be 2 for online_dpo (one pair per prompt)",
+            "self.algorithm.name != 'online_dpo' || self.rollout.samplesPerPrompt >= 2",
+            "spec.rollout.samplesPerPrompt must be >= 2 for online_dpo (the best and worst samples of "
+            "each prompt make its pair)",
             {
                 "fieldPath": ".rollout.samplesPerPrompt",
-                "messageExpression": "'spec.rollout.samplesPerPrompt must be 2 for online_dpo (one pair per prompt); "
-                "got ' + " + cel_int("self.rollout.samplesPerPrompt"),
+                "messageExpression": "'spec.rollout.samplesPerPrompt must be >= 2 for online_dpo (the best and "
+                "worst samples of each prompt make its pair); got ' + "
+                + cel_int("self.rollout.samplesPerPrompt"),
             },
         ),
         (

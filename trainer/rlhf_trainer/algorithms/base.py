@@ -21,13 +21,20 @@ Contract
         def compute_advantages(self, batch) -> dict   # rollout batch -> batch + "advantages", "returns"
         def compute_loss(self, batch) -> dict         # "loss" (scalar, with grad) + namespaced metrics
         def compute_value_loss(self, batch) -> dict   # needs_critic only: "loss" + critic/* metrics
-        def update_step(self, loss_dict) -> None      # once per optimizer step, on the controller
+        def update_step(self, loss_dict) -> None      # once per training step, on the controller
         def state_dict(self) -> dict; def load_state_dict(self, d) -> None
 
 Call order per training step: ``compute_advantages`` once on the whole rollout batch (no
 autograd), then for each micro-batch ``compute_loss`` (actor) and ``compute_value_loss``
-(critic) followed by ``loss.backward()``, then one ``update_step`` with the step's metrics
-averaged over micro-batches and ranks.
+(critic) followed by ``loss.backward()``, an optimizer step per mini-batch (``miniBatchSize``)
+and epoch (``epochsPerBatch``), and then, on the controller, ONE ``update_step`` per training
+step with the step's metrics averaged over all its micro-batches, optimizer steps and ranks
+(``actor/optimizer_steps`` says how many there were). It runs once per training step, not per
+optimizer step, because its state (a KL coefficient) travels to the training workers with the
+algorithm at the start of each update: within a step every optimizer step uses the same
+coefficient, and the controller that owns it adapts it once from the whole step's KL, counting
+the horizon in the step's samples (``batch/num_samples``), as Ziegler et al.'s controller does
+per batch. A step that trains nothing (``update/skipped``) calls no ``update_step``.
 
 Batch keys
 ----------
@@ -181,7 +188,8 @@ class Algorithm(abc.ABC):
         )
 
     def update_step(self, loss_dict: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
-        """Called once per optimizer step with the step's aggregated metrics. Default: nothing."""
+        """Called once per training step (after all its optimizer steps, on the controller) with
+        the step's aggregated metrics; see the module docstring. Default: nothing."""
 
     def state_dict(self) -> dict[str, Any]:
         """State to checkpoint (not the params, which come from the manifest)."""

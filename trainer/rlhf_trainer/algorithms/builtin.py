@@ -35,6 +35,7 @@ from rlhf_trainer.algorithm_params import (
     RLOOParams,
 )
 
+from . import dapo
 from .aggregation import aggregate
 from .base import Algorithm, AlgorithmParams, Batch, bind_call, require
 from .kl import apply_kl_penalty, kl_estimate, kl_loss
@@ -46,6 +47,7 @@ from .masking import (
     masked_sum,
     scores_to_token_rewards,
 )
+from .off_policy import weighted_advantages
 from .preference import pair_up
 from .registry import (
     ADVANTAGE_ESTIMATORS,
@@ -188,15 +190,44 @@ class PolicyGradientAlgorithm(Algorithm):
 
     def compute_advantages(self, batch: Batch) -> Batch:
         mask = check_mask(require(batch, "response_mask", f"{self.name} compute_advantages"))
-        token_rewards, scores = self._rewards(batch, mask)
-        inputs = {**batch, "response_mask": mask, "token_rewards": token_rewards, "scores": scores}
+        shaped, dapo_out = self._dapo_shaping(batch, mask)
+        token_rewards, scores = self._rewards(shaped, mask)
+        inputs = {**shaped, "response_mask": mask, "token_rewards": token_rewards, "scores": scores}
         advantages, returns = bind_call(
             self._estimator,
             inputs,
             self.params.as_dict(),
             f"advantage estimator {self.params.advantage_estimator!r}",
         )
-        return {**batch, "advantages": advantages, "returns": returns}
+        return {**batch, "advantages": advantages, "returns": returns, **dapo_out}
+
+    def _dapo_shaping(self, batch: Batch, mask: Tensor) -> tuple[Batch, dict[str, Any]]:
+        """DAPO's overlong soft penalty added to the rewards (`scores`, or the last valid token of
+        `token_rewards`), and with `mask_truncated` the `train_rows` that leave truncated responses
+        out of the update; the batch unchanged and nothing else when both are off."""
+        p, out = self.params, {}
+        if p.overlong_buffer_length > 0:
+            if p.overlong_max_length is None:
+                raise ValueError(
+                    f"{self.name}: overlong_buffer_length {p.overlong_buffer_length} needs overlong_max_length "
+                    "(the job gives rollout.maxNewTokens)"
+                )
+            lengths = mask.sum(-1)  # (B,)
+            penalty = dapo.overlong_penalty(
+                lengths, p.overlong_max_length, p.overlong_buffer_length, p.overlong_penalty_factor
+            ).to(mask.dtype)  # (B,)
+            batch = dict(batch)
+            if batch.get("token_rewards") is not None:
+                batch["token_rewards"] = batch["token_rewards"] + scores_to_token_rewards(penalty, mask)
+            else:
+                batch["scores"] = require(batch, "scores", f"{self.name} compute_advantages") + penalty
+            out["dapo/overlong_penalty_mean"] = float(penalty.mean()) if len(penalty) else 0.0
+            out["dapo/overlong_penalized"] = float((penalty < 0).sum())
+        if p.mask_truncated:
+            truncated = require(batch, "truncated", f"{self.name} compute_advantages (mask_truncated)").bool()
+            out["train_rows"] = ~truncated  # (B,)
+            out["dapo/truncated_masked"] = float(truncated.sum())
+        return batch, out
 
     def compute_loss(self, batch: Batch) -> dict[str, Any]:
         p = self.params
@@ -204,9 +235,10 @@ class PolicyGradientAlgorithm(Algorithm):
         mask = check_mask(require(batch, "response_mask", who))
         log_probs = require(batch, "log_probs", who)
         hyper = self._hyper(batch)
-        loss, metrics = bind_call(
-            self._policy_loss, {**batch, "response_mask": mask}, hyper, f"policy loss {p.policy_loss!r}"
-        )
+        inputs = {**batch, "response_mask": mask}
+        if batch.get("is_weights") is not None:  # rollout correction (`phases.rollout_correction`)
+            inputs["advantages"] = weighted_advantages(require(batch, "advantages", who), batch["is_weights"])
+        loss, metrics = bind_call(self._policy_loss, inputs, hyper, f"policy loss {p.policy_loss!r}")
         metrics = dict(metrics)
 
         entropy = (

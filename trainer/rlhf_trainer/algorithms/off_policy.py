@@ -26,7 +26,13 @@ from torch import Tensor
 
 from .masking import check_mask, check_same_shape, masked_mean
 
-__all__ = ["staleness", "stale_rows", "truncated_importance_weights", "weighted_advantages"]
+__all__ = [
+    "rollout_importance_weights",
+    "staleness",
+    "stale_rows",
+    "truncated_importance_weights",
+    "weighted_advantages",
+]
 
 
 def staleness(versions: Tensor, current: int) -> Tensor:
@@ -77,3 +83,52 @@ def weighted_advantages(advantages: Tensor, is_weights: Tensor) -> Tensor:
     the module docstring: exact for the PPO and GSPO surrogates since w_t > 0)."""
     check_same_shape(advantages=advantages, is_weights=is_weights)
     return advantages * is_weights.detach()
+
+
+def rollout_importance_weights(
+    trainer_log_probs: Tensor,
+    engine_log_probs: Tensor,
+    response_mask: Tensor,
+    *,
+    cap: float,
+    level: str = "token",
+    mode: str = "truncate",
+) -> tuple[Tensor, dict[str, float]]:
+    """Importance weights of the rollout correction (`spec.algorithm.rolloutCorrection`): the
+    trainer's policy over the engine's sampling distribution, on any batch (on-policy ones too:
+    the engine's numerics differ from the trainer's). No gradient.
+
+    trainer_log_probs: (B, T) the policy the loss treats as the sampler (`old_log_probs`),
+    engine_log_probs: (B, T) the rollout engine's log-probs of the same tokens, response_mask: (B, T).
+
+    level `token`: rho_t = exp(trainer_t - engine_t); `sequence`: rho = exp(sum_t (trainer_t -
+    engine_t)) over the response, the same for all its tokens. mode `truncate`: w = min(rho, cap);
+    `mask`: w = rho where rho <= cap, else 0. Returns the weights (B, T), 0 on padding, and
+    `rollout/is_weight_mean` (over tokens, or sequences at sequence level), `rollout/is_weight_max`,
+    `rollout/is_truncated_fraction` (the share above the cap: truncated or masked)."""
+    if cap < 1.0:
+        raise ValueError(f"cap (spec.algorithm.rolloutCorrection.cap) must be >= 1, got {cap}")
+    if level not in ("token", "sequence"):
+        raise ValueError(f"level must be token or sequence, got {level!r}")
+    if mode not in ("truncate", "mask"):
+        raise ValueError(f"mode must be truncate or mask, got {mode!r}")
+    mask = check_mask(response_mask)
+    check_same_shape(
+        trainer_log_probs=trainer_log_probs, engine_log_probs=engine_log_probs, response_mask=mask
+    )
+    log_ratio = (trainer_log_probs - engine_log_probs).detach().float() * mask  # (B, T)
+    if level == "sequence":
+        log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(mask)  # (B, 1) -> (B, T)
+    rho = torch.exp(log_ratio.clamp(max=20.0))  # (B, T); clamped: no overflow
+    over = rho > cap  # (B, T)
+    weights = (rho.clamp(max=cap) if mode == "truncate" else rho.masked_fill(over, 0.0)) * mask  # (B, T)
+    units = mask if level == "token" else (mask.sum(-1, keepdim=True) > 0).float()  # (B, T) or (B, 1)
+    values = weights if level == "token" else weights.max(-1, keepdim=True).values  # one per sequence
+    flags = over.float() if level == "token" else over[:, :1].float()
+    n = float(units.sum())
+    metrics = {
+        "rollout/is_weight_mean": float((values * units).sum()) / n if n else 1.0,
+        "rollout/is_weight_max": float(values[units.bool().expand_as(values)].max()) if n else 1.0,
+        "rollout/is_truncated_fraction": float((flags * units).sum()) / n if n else 0.0,
+    }
+    return weights.to(trainer_log_probs.dtype), metrics

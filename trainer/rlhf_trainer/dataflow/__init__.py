@@ -7,6 +7,7 @@
 from rlhf_trainer.dataflow.batch import StepBatch
 from rlhf_trainer.dataflow.context import TrainerContext
 from rlhf_trainer.dataflow.operators import (
+    DynamicSamplingOperator,
     OnlineDPOUpdateOperator,
     PPOUpdateOperator,
     RewardModelScorer,
@@ -25,6 +26,7 @@ from rlhf_trainer.dataflow.stream import (
 __all__ = [
     "ConditionalUpdateOperator",
     "DataStream",
+    "DynamicSamplingOperator",
     "FilterOperator",
     "OnlineDPOUpdateOperator",
     "Operator",

@@ -59,3 +59,38 @@ class StepBatch:
     def algorithm_batch(self) -> dict[str, Tensor]:
         """The tensors an algorithm and a training worker read (a shallow copy)."""
         return dict(self.tensors)
+
+
+def concat_batches(parts: list[StepBatch]) -> StepBatch:
+    """The rows of several batches (rollout rounds of one step) as one: response tensors (B, T)
+    right-padded to the widest with zeros, prompt tensors (`prompt_*`, B, P) left-padded, per-row
+    vectors concatenated; `group_index` shifted so that each part's prompts stay groups of their
+    own. Metrics: the first part's (the caller adds the rounds' counts)."""
+    if not parts:
+        raise ValueError("concat_batches: no batches given")
+    keys = [k for k in parts[0].tensors if all(k in p.tensors for p in parts)]
+    tensors: dict[str, Tensor] = {}
+    for key in keys:
+        pieces = [p[key] for p in parts]
+        if pieces[0].dim() >= 2:
+            width = max(x.shape[1] for x in pieces)
+            left = key.startswith("prompt_")
+            pieces = [
+                torch.nn.functional.pad(x, (width - x.shape[1], 0) if left else (0, width - x.shape[1]))
+                for x in pieces
+            ]
+        elif key == "group_index":
+            shifted, offset = [], 0
+            for x in pieces:
+                shifted.append(x + offset)
+                offset += int(x.max()) + 1 if len(x) else 0
+            pieces = shifted
+        tensors[key] = torch.cat(pieces)
+    return StepBatch(
+        tensors=tensors,
+        prompts=[t for p in parts for t in p.prompts],
+        responses=[t for p in parts for t in p.responses],
+        columns=[c for p in parts for c in p.columns] if all(p.columns for p in parts) else [],
+        metrics=dict(parts[0].metrics),
+        messages=[m for p in parts for m in p.messages] if all(p.messages for p in parts) else [],
+    )

@@ -2,6 +2,7 @@
 
 RolloutOperator(ctx)                     prompts -> sampled responses        (rollout)
 RewardOperator(ctx) / RewardModelScorer  scores with the job's rewards       (reward)
+DynamicSamplingOperator(ctx)             groups with reward variance, oversampled (DAPO)
 UpdateOperator(ctx, algorithm)           reference / critic -> advantage -> update
 PPOUpdateOperator(ctx, **params)         UpdateOperator with PPO
 OnlineDPOUpdateOperator(ctx, **params)   UpdateOperator with online DPO
@@ -10,6 +11,8 @@ OnlineDPOUpdateOperator(ctx, **params)   UpdateOperator with online DPO
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from rlhf_trainer.dataflow import phases
 from rlhf_trainer.dataflow.batch import StepBatch
@@ -53,7 +56,9 @@ class RolloutOperator:
 
 
 class RewardOperator:
-    """Scores every sample with the job's reward functions and reward model (`spec.reward`)."""
+    """Scores every sample with the job's reward functions and reward model (`spec.reward`).
+    A sample whose reward failed under `onError: skip` leaves the batch here, counted in
+    `reward/dropped` (`phases.drop_invalid_rewards`): no later operator sees it as a 0."""
 
     def __init__(self, ctx: TrainerContext):
         self.ctx = ctx
@@ -62,11 +67,74 @@ class RewardOperator:
         if batch is None:
             raise ValueError("RewardOperator: nothing to score (put it after a RolloutOperator)")
         with timed(batch.metrics, "reward"):
-            return phases.score(self.ctx, batch)
+            return phases.drop_invalid_rewards(phases.score(self.ctx, batch))
 
 
 #: The seed tutorial's name for the reward step (it scores with the reward model and functions).
 RewardModelScorer = RewardOperator
+
+
+class DynamicSamplingOperator:
+    """DAPO's dynamic sampling (`spec.algorithm.dynamicSampling`), after the reward: the groups
+    whose rewards all agree are dropped (their group-relative advantage is 0), and more prompts
+    are sampled, generated and scored, `promptsPerStep` at a time, until the step holds
+    `promptsPerStep` groups with reward variance or `maxExtraRounds` extra rounds ran; groups
+    beyond `promptsPerStep` are left out. Metrics `dynamic_sampling/*`: `groups_generated` =
+    `groups_kept` + `groups_uniform` + `groups_surplus`, and `rounds` (extra rounds run)."""
+
+    def __init__(self, ctx: TrainerContext, max_extra_rounds: int | None = None):
+        self.ctx = ctx
+        spec = ctx.spec.algorithm.dynamic_sampling
+        self.max_extra_rounds = spec.max_extra_rounds if max_extra_rounds is None else max_extra_rounds
+
+    def __call__(self, batch: StepBatch | None) -> StepBatch:
+        from rlhf_trainer.algorithms.dapo import groups_with_variance
+        from rlhf_trainer.dataflow.batch import concat_batches
+
+        if batch is None:
+            raise ValueError("DynamicSamplingOperator: nothing to filter (put it after a RewardOperator)")
+        want = self.ctx.spec.training.prompts_per_step
+        counts = {"groups_generated": 0.0, "groups_uniform": 0.0, "groups_surplus": 0.0, "rounds": 0.0}
+        kept: list[StepBatch] = []
+        have = 0
+        part: StepBatch | None = batch
+        while part is not None:
+            keep, varied = groups_with_variance(part["scores"], part["group_index"])  # (B,), (G,)
+            counts["groups_generated"] += float(len(varied))
+            counts["groups_uniform"] += float((~varied).sum())
+            if keep.any():
+                kept.append(part.select(keep))
+                have += int(varied.sum())
+            if have >= want or counts["rounds"] >= self.max_extra_rounds:
+                break
+            counts["rounds"] += 1
+            part = self._round()  # None: the prompt source is exhausted
+        out = concat_batches(kept) if kept else batch.select(torch.zeros(len(batch), dtype=torch.bool))
+        out.metrics = dict(batch.metrics)
+        out = self._trim(out, want, counts)
+        counts["groups_kept"] = float(len(torch.unique(out["group_index"]))) if len(out) else 0.0
+        out.metrics.update({f"dynamic_sampling/{k}": v for k, v in counts.items()})
+        return out
+
+    def _round(self) -> StepBatch | None:
+        """One more round of prompts, generated and scored (failed rewards dropped); None when
+        the prompt source has none left."""
+        ctx = self.ctx
+        prompts = phases.sample_prompts(ctx)
+        if not prompts:
+            return None
+        return phases.drop_invalid_rewards(phases.score(ctx, phases.generate(ctx, prompts)))
+
+    @staticmethod
+    def _trim(batch: StepBatch, want: int, counts: dict[str, float]) -> StepBatch:
+        """The first `want` groups of `batch` (in group order); the rest counted as surplus."""
+        if not len(batch):
+            return batch
+        groups = torch.unique(batch["group_index"])  # (G,) sorted
+        if len(groups) <= want:
+            return batch
+        counts["groups_surplus"] += float(len(groups) - want)
+        return batch.select(torch.isin(batch["group_index"], groups[:want]))
 
 
 class UpdateOperator:
@@ -90,6 +158,7 @@ class UpdateOperator:
     def __call__(self, batch: StepBatch | None) -> StepBatch:
         if batch is None:
             raise ValueError("UpdateOperator: nothing to train on (put it after a RolloutOperator)")
+        batch = phases.drop_invalid_rewards(batch)  # a stream that scored with phases.score itself
         if len(batch) < len(self.ctx.actor):  # fewer samples than actor ranks: nothing sensible to do
             return phases.skip_update(self.ctx, batch)
         batch = self.prepare(batch)
@@ -111,6 +180,7 @@ class UpdateOperator:
         with timed(m, "old_log_probs"):
             batch = phases.policy_log_probs(ctx, batch, algo)
             batch = phases.behaviour_log_probs(ctx, batch)
+            batch = phases.rollout_correction(ctx, batch)
         with timed(m, "baseline"):
             batch = phases.greedy_baseline(ctx, batch, algo)
         with timed(m, "advantage"):

@@ -54,6 +54,10 @@ WORKER_KEYS = (
     # The engine's log-probs of the sampled tokens: the actor logs how far its own are from them
     # (`rollout/logprob_mismatch`, `ActorWorker.micro_loss`).
     "rollout_log_probs",
+    # (B,) bool: the response hit maxNewTokens without an end-of-sequence token (a loss may read it).
+    "truncated",
+    # (B, T): the rollout correction's importance weights (`rollout_correction`).
+    "is_weights",
 )
 
 
@@ -116,6 +120,7 @@ def generate(
         "policy_version": version.long(),
     }
     lengths = rollout.response_mask.sum(-1)
+    tensors["truncated"] = truncated_rows(rollout, ctx.spec.rollout.max_new_tokens)
     metrics = {
         "rollout/samples": float(len(rollout)),
         "rollout/tokens": float(lengths.sum()),
@@ -124,6 +129,9 @@ def generate(
     }
     if rollout.finished is not None:
         metrics["rollout/finished_fraction"] = float(rollout.finished.float().mean())
+    metrics["rollout/truncated_fraction"] = (
+        float(tensors["truncated"].float().mean()) if len(rollout) else 0.0
+    )
     return StepBatch(
         tensors=tensors,
         prompts=[it.text for it in items],
@@ -134,23 +142,50 @@ def generate(
     )
 
 
+def truncated_rows(rollout: Any, max_new_tokens: int) -> Tensor:
+    """(B,) bool: the response was cut at `max_new_tokens` without an end-of-sequence token. The
+    engine says so (`RolloutBatch.finished`: EOS seen, hf; finish reason `stop`, vllm); an engine
+    that does not is judged by length (a response of the full budget counts as truncated)."""
+    if rollout.finished is not None:
+        return ~rollout.finished.bool()
+    return rollout.response_mask.sum(-1) >= max_new_tokens
+
+
+def reward_columns(batch: StepBatch) -> list[dict[str, Any]]:
+    """Each row's columns as reward functions get them: the prompt's dataset columns plus what the
+    rollout knows of the response (`rewards.RESPONSE_COLUMNS`: `truncated`, `response_length`),
+    which win over a dataset column of the same name."""
+    from rlhf_trainer.rewards import RESPONSE_COLUMNS
+
+    columns = batch.columns or [{} for _ in range(len(batch))]
+    lengths = batch["response_mask"].sum(-1).long().tolist()
+    truncated = batch["truncated"].tolist() if "truncated" in batch else [None] * len(batch)
+    truncated_key, length_key = RESPONSE_COLUMNS
+    return [
+        {**c, truncated_key: None if t is None else bool(t), length_key: int(n)}
+        for c, t, n in zip(columns, truncated, lengths)
+    ]
+
+
 def score(ctx: TrainerContext, batch: StepBatch, rewards: str = "job") -> StepBatch:
     """Rewards for every sample, rows split between the reward workers; `rewards`: the reward
     set (`workers.reward.JOB_REWARDS`, or `EVAL_REWARDS`: the evaluation's own functions).
 
     Failures follow `reward.onError` inside `CombinedReward`: `fail` raises (the job stops, naming
-    the sample), `skip` marks the sample invalid (`reward_valid` False: dropped by the stream's
-    filter), `penalty` gives it `errorPenalty`. Each failure is logged with its sample here.
+    the sample), `skip` marks the sample invalid (`reward_valid` False, its score 0 here:
+    `RewardOperator` drops it with `drop_invalid_rewards`), `penalty` gives it `errorPenalty`.
+    Each failure is logged with its sample here.
     """
     chunks = _split(len(batch), len(ctx.reward))
     messages = batch.messages or [None] * len(batch)
+    columns = reward_columns(batch)
     results = ctx.reward.call_each(
         "score",
         [
             (
                 [batch.prompts[i] for i in c],
                 [batch.responses[i] for i in c],
-                [batch.columns[i] for i in c],
+                [columns[i] for i in c],
                 [messages[i] for i in c],
                 rewards,
             )
@@ -179,6 +214,22 @@ def score(ctx: TrainerContext, batch: StepBatch, rewards: str = "job") -> StepBa
         for name in getattr(r, "per_reward", {}) or {}:
             values = torch.cat([torch.as_tensor(x.per_reward[name], dtype=torch.float32) for x in results])
             batch.metrics[f"reward/{name}"] = float(values[valid].mean()) if valid.any() else float("nan")
+    return batch
+
+
+def drop_invalid_rewards(batch: StepBatch) -> StepBatch:
+    """The samples whose reward failed (`reward_valid` False, `reward.onError: skip`) out of the
+    batch, counted in `reward/dropped` (summed when called again). Under `onError: penalty` a
+    failed sample is valid with its penalty, under `fail` the reward phase has raised: so no
+    failed reward ever reaches an update, whatever operators a stream puts between the reward
+    and the update (`RewardOperator` calls this, and every update operator again)."""
+    if "reward_valid" not in batch:
+        return batch
+    valid = batch["reward_valid"].bool()
+    dropped = int((~valid).sum())
+    if dropped:
+        batch = batch.select(valid)
+    batch.metrics["reward/dropped"] = batch.metrics.get("reward/dropped", 0.0) + dropped
     return batch
 
 
@@ -329,11 +380,43 @@ def behaviour_log_probs(ctx: TrainerContext, batch: StepBatch) -> StepBatch:
     The actor weights each token's policy-gradient term by min(pi_prox / pi_behav,
     `importanceWeightCap`) (`algorithms.off_policy`, `ActorWorker.micro_loss`). A batch of the
     current policy gets none: today's on-policy loss, unchanged."""
-    if "behaviour_log_probs" in batch or not is_stale(ctx, batch):
-        return batch
+    if "behaviour_log_probs" in batch or not is_stale(ctx, batch) or correction_on(ctx):
+        return batch  # (the rollout correction weighs every batch against the engine itself)
     if "rollout_log_probs" not in batch:
         raise RuntimeError("behaviour_log_probs: the stale batch has no rollout_log_probs (behaviour policy)")
     batch["behaviour_log_probs"] = batch["rollout_log_probs"].float() * batch["response_mask"]
+    return batch
+
+
+def correction_on(ctx: TrainerContext) -> bool:
+    """`spec.algorithm.rolloutCorrection.enabled`."""
+    return bool(ctx.spec.algorithm.rollout_correction.enabled)
+
+
+def rollout_correction(ctx: TrainerContext, batch: StepBatch) -> StepBatch:
+    """`is_weights` (B, T): the truncated importance weights of the trainer's log-probs
+    (`old_log_probs`, which `policy_log_probs` computes whenever the correction is on) over the
+    rollout engine's (`rollout_log_probs`), per `spec.algorithm.rolloutCorrection`
+    (`algorithms.off_policy.rollout_importance_weights`); the policy-gradient loss multiplies the
+    advantages by them. Their statistics go to the step's metrics (`rollout/is_weight_*`)."""
+    from rlhf_trainer.algorithms.off_policy import rollout_importance_weights
+
+    spec = ctx.spec.algorithm.rollout_correction
+    if not spec.enabled or "is_weights" in batch or not len(batch):
+        return batch
+    for key in ("old_log_probs", "rollout_log_probs"):
+        if key not in batch:
+            raise RuntimeError(f"rollout_correction: the batch has no {key!r}")
+    weights, metrics = rollout_importance_weights(
+        batch["old_log_probs"].float(),
+        batch["rollout_log_probs"].float(),
+        batch["response_mask"],
+        cap=spec.cap,
+        level=spec.level,
+        mode=spec.mode,
+    )
+    batch["is_weights"] = weights
+    batch.metrics.update(metrics)
     return batch
 
 
@@ -343,6 +426,8 @@ def old_log_probs_needed(ctx: TrainerContext, rows: int, algorithm: Any) -> bool
     advantages read `old_log_probs` (`advantages_read_old_log_probs`: a KL penalty in the reward)."""
     t = ctx.spec.training
     reused = t.epochs_per_batch > 1 or bool(t.mini_batch_size and t.mini_batch_size < rows)
+    if correction_on(ctx):  # the importance weights compare them with the engine's
+        return True
     return reused or bool(getattr(algorithm, "advantages_read_old_log_probs", algorithm.needs_reference))
 
 

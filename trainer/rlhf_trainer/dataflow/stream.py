@@ -141,6 +141,7 @@ class ConditionalUpdateOperator:
 
         if batch is None:
             raise ValueError("ConditionalUpdateOperator: nothing to route (put it after the rollout)")
+        batch = phases.drop_invalid_rewards(batch)  # no failed reward reaches either branch
         mask = torch.as_tensor(self.condition(batch), dtype=torch.bool)
         if mask.dim() == 0:
             mask = mask.expand(len(batch))
@@ -151,6 +152,7 @@ class ConditionalUpdateOperator:
                 for u in updaters:
                     batch = phases.policy_log_probs(ctx, batch, u.algorithm)
                 batch = phases.behaviour_log_probs(ctx, batch)
+                batch = phases.rollout_correction(ctx, batch)
         trained: list[tuple[str, Any, StepBatch]] = []
         for name, rows in (("true", mask), ("false", ~mask)):
             stream = self.branches[name]

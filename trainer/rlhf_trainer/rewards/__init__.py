@@ -350,6 +350,11 @@ class CombinedReward:
         return RewardResult(scores=totals, valid=valid, errors=errors, per_reward=per_reward)
 
 
+#: Columns every reward function may take besides the dataset's: whether the response was cut at
+#: `rollout.maxNewTokens` without an end-of-sequence token (bool), and its length in tokens
+#: (int, EOS included). The reward phase adds them (`dataflow.phases.reward_columns`).
+RESPONSE_COLUMNS = ("truncated", "response_length")
+
 #: The keyword under which a reward gets each prompt's chat messages (when it names it).
 PROMPT_MESSAGES = "prompt_messages"
 
