@@ -43,6 +43,7 @@ from rlhf_operator import (
     pod_health,
     rollout,
     suspend,
+    tenant_limits,
     ttl,
 )
 from rlhf_operator.status import (
@@ -57,6 +58,7 @@ from rlhf_operator.status import (
     SUCCEEDED,
     SUSPENDED,
     UNSCHEDULABLE,
+    PHASES,
     condition_is,
     get_condition,
     parse_time,
@@ -65,7 +67,7 @@ from rlhf_operator.status import (
     summary,
 )
 from rlhf_trainer import contract
-from rlhf_trainer.spec import JobSpec, RLTrainingJob, SpecError
+from rlhf_trainer.spec import MAX_REPLICAS, JobSpec, RLTrainingJob, SpecError
 
 #: The status keys the operator owns (progress and rollout.syncedGeneration belong to the controller pod).
 OPERATOR_KEYS = (
@@ -80,6 +82,10 @@ OPERATOR_KEYS = (
     "summary",
 )
 ROLLOUT_KEYS = ("desired", "ready", "selector", "generation")
+#: The most gang restarts a status may claim (a larger `status.restarts` is clamped to this).
+MAX_RESTARTS = 1_000_000
+#: The largest rollout generation read from a status (a larger one is clamped to this).
+MAX_GENERATION = 2**53
 
 
 @dataclass(frozen=True)
@@ -193,6 +199,8 @@ class Pass:
     expected: int = 0
     #: The API server has enforced the CRD's rules on `body` (`jobs.InstalledRules`).
     admitted: bool = False
+    #: The operator's bounds on one job (`tenant_limits`).
+    limits: tenant_limits.Limits = field(default_factory=tenant_limits.Limits)
 
     @classmethod
     def start(cls, body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime) -> Pass:
@@ -200,14 +208,16 @@ class Pass:
         owned, foreign = ownership.split(pods, meta.get("uid", ""))
         old: dict[str, Any] = dict(body.get("status") or {})
         phase = old.get("phase") or "Pending"
-        restarts = int(old.get("restarts") or 0)
+        # Numbers a pod may have written (where the status policy is absent): clamped before
+        # any arithmetic (`2 ** restarts`, `+ 1`) and never an exception that wedges the job.
+        restarts = tenant_limits.clamp_int(old.get("restarts"), 0, MAX_RESTARTS)
         # Absent while every restart counted (see finish).
         counted = old.get("countedRestarts")
         st: dict[str, Any] = {
-            "phase": phase,
+            "phase": phase if phase in PHASES else "Pending",
             "observedGeneration": meta.get("generation", 0),
             "restarts": restarts,
-            "countedRestarts": restarts if counted is None else int(counted),
+            "countedRestarts": restarts if counted is None else tenant_limits.clamp_int(counted, 0, restarts),
         }
         for key in ("startTime", "completionTime"):
             if old.get(key):
@@ -335,18 +345,28 @@ DONE, NEXT = True, False
 
 
 def parse_spec(p: Pass) -> bool:
-    """An invalid spec fails the job (`InvalidSpec`, every problem named); the handler then stops."""
+    """An invalid spec fails the job (`InvalidSpec`, every problem named), and so does one the
+    operator's bounds refuse (`tenant_limits.refusal`: too many pods, a hostPath not allowed),
+    before a single pod is built; the handler then stops."""
     try:
         p.out.job = jobs.parse(p.body, admitted=p.admitted)
     except SpecError as err:
-        message = "; ".join(err.errors)
-        p.out.invalid = message
-        if p.phase != "Failed":
-            p.st["completionTime"] = rfc3339(p.now)
-        p.cond(FAILED, True, "InvalidSpec", message)
-        p.transition("Failed", "InvalidSpec", message, warning=True)
+        _invalid(p, "InvalidSpec", "; ".join(err.errors))
+        return DONE
+    refused = tenant_limits.refusal(p.job.spec, p.limits)
+    if refused is not None:
+        p.out.job = None  # nothing is built from it: no pods, no static children
+        _invalid(p, *refused)
         return DONE
     return NEXT
+
+
+def _invalid(p: Pass, reason: str, message: str) -> None:
+    p.out.invalid = message
+    if p.phase != "Failed":
+        p.st["completionTime"] = rfc3339(p.now)
+    p.cond(FAILED, True, reason, message)
+    p.transition("Failed", reason, message, warning=True)
 
 
 def sort_attempts(p: Pass) -> bool:
@@ -483,7 +503,10 @@ def act_on_failures(p: Pass) -> bool:
     acting = [f for f in p.failures if f.acting]
     if not acting or p.phase == "Restarting":
         return NEXT
-    decision = failure_policy.decide(p.spec.failure_policy, acting, p.st["countedRestarts"])
+    st = p.st
+    decision = failure_policy.decide(
+        p.spec.failure_policy, acting, st["countedRestarts"], st["restarts"] - st["countedRestarts"]
+    )
     detail = "; ".join(f.message for f in acting[:3])
     if decision.action == failure_policy.FAIL_JOB:
         _fail(p, decision, detail)
@@ -534,7 +557,7 @@ def _restart(p: Pass, decision: failure_policy.Decision, detail: str) -> None:
         "desired": p.rollout_desired,
         "ready": 0,
         "selector": children.selector(p.name, "rollout"),
-        "generation": int((p.old.get("rollout") or {}).get("generation") or 0) + 1,
+        "generation": _generation(p.old, contract.ROLLOUT_GENERATION) + 1,
     }
     p.out.requeue(delay)
 
@@ -601,17 +624,23 @@ def restart_backoff(p: Pass) -> bool:
     return NEXT
 
 
+def _generation(status: dict[str, Any], key: str) -> int:
+    """`status.rollout.<key>` as a bounded integer (0 when absent or not a number)."""
+    prev = status.get("rollout")
+    return tenant_limits.clamp_int(prev.get(key) if isinstance(prev, dict) else None, 0, MAX_GENERATION)
+
+
 def rollout_fleet(p: Pass) -> bool:
     """The elastic fleet through the resharding protocol (`rollout.plan_rollout`): failed members
     replaced alone, leavers drained before deletion, the generation bumped on each change."""
-    prev = p.old.get("rollout") or {}
+    prev = p.old.get("rollout") if isinstance(p.old.get("rollout"), dict) else {}
     rplan = rollout.plan_rollout(
         [x for x in p.current if _labels(x).get(labels.ROLE) == "rollout"],
         desired=p.rollout_desired,
-        previous_desired=prev.get("desired") if "generation" in prev else None,
-        generation=int(prev.get(contract.ROLLOUT_GENERATION) or 0),
-        # Written by the controller pod (the pod contract's status key), read here.
-        synced_generation=int(prev.get(contract.ROLLOUT_SYNCED_GENERATION) or 0),
+        previous_desired=tenant_limits.clamp_int(prev.get("desired"), 0, MAX_REPLICAS) if "generation" in prev else None,
+        generation=_generation(p.old, contract.ROLLOUT_GENERATION),
+        # Written by the controller pod (the pod contract's status key), read here: clamped.
+        synced_generation=_generation(p.old, contract.ROLLOUT_SYNCED_GENERATION),
         job_started=p.phase in ("Scheduling", "Running"),
         failure_of=p.replace_alone,
     )
@@ -758,12 +787,20 @@ STEPS: tuple[Step, ...] = (
 )
 
 
-def plan(body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime, admitted: bool = False) -> Plan:
+def plan(
+    body: dict[str, Any],
+    pods: list[dict[str, Any]],
+    now: dt.datetime,
+    admitted: bool = False,
+    limits: tenant_limits.Limits | None = None,
+) -> Plan:
     """Reconcile one job. `body` is the job as read from the API server; `pods` its labelled pods
     (only those whose controller owner reference carries the job's UID count; see `ownership`);
-    `admitted`: the API server enforced the CRD's rules on `body` (see `jobs.parse`)."""
+    `admitted`: the API server enforced the CRD's rules on `body` (see `jobs.parse`); `limits`:
+    the operator's bounds on a job (default: `tenant_limits.Limits()`)."""
     p = Pass.start(body, pods, now)
     p.admitted = admitted
+    p.limits = limits or tenant_limits.Limits()
     for step in STEPS:
         if step(p) is DONE:
             break

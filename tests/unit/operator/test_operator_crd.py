@@ -98,10 +98,14 @@ def test_scale_subresource_and_printer_columns() -> None:
     ]
 
 
-def test_status_has_no_defaults_and_keeps_unknown_progress_keys() -> None:
+def test_status_has_no_defaults_and_no_free_form_field() -> None:
+    """The controller pod writes `status.progress`: a structured schema, so the API server prunes
+    unknown keys and bounds every size and the depth of whatever the pod sends."""
     status = version()["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert all("default" not in s for _, s in walk(status))
-    assert status["properties"]["progress"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert not [p for p, s in walk(status) if s.get("x-kubernetes-preserve-unknown-fields")]
+    metrics = status["properties"]["progress"]["properties"]["metrics"]
+    assert metrics["maxProperties"] == 64 and metrics["additionalProperties"]["maxLength"] == 64
     assert status["properties"]["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
 
 
