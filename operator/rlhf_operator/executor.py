@@ -385,7 +385,9 @@ class Executor:
             raise
         except Exception as err:
             meta = body.get("metadata") or {}
-            log.warning("%s/%s: autoscaler skipped this pass: %r", meta.get("namespace"), meta.get("name"), err)
+            log.warning(
+                "%s/%s: autoscaler skipped this pass: %r", meta.get("namespace"), meta.get("name"), err
+            )
             return body, AUTOSCALE_RETRY_SECONDS, False, None
 
     def _autoscale(

@@ -50,6 +50,7 @@ from rlhf_operator.status import (
     CHILD_FAILURE,
     FAILED,
     FINISHED,
+    PHASES,
     POD_FAILURE,
     QUEUED,
     RESTARTING,
@@ -58,7 +59,6 @@ from rlhf_operator.status import (
     SUCCEEDED,
     SUSPENDED,
     UNSCHEDULABLE,
-    PHASES,
     condition_is,
     get_condition,
     parse_time,
@@ -633,11 +633,14 @@ def _generation(status: dict[str, Any], key: str) -> int:
 def rollout_fleet(p: Pass) -> bool:
     """The elastic fleet through the resharding protocol (`rollout.plan_rollout`): failed members
     replaced alone, leavers drained before deletion, the generation bumped on each change."""
-    prev = p.old.get("rollout") if isinstance(p.old.get("rollout"), dict) else {}
+    raw = p.old.get("rollout")
+    prev: dict[str, Any] = raw if isinstance(raw, dict) else {}
     rplan = rollout.plan_rollout(
         [x for x in p.current if _labels(x).get(labels.ROLE) == "rollout"],
         desired=p.rollout_desired,
-        previous_desired=tenant_limits.clamp_int(prev.get("desired"), 0, MAX_REPLICAS) if "generation" in prev else None,
+        previous_desired=tenant_limits.clamp_int(prev.get("desired"), 0, MAX_REPLICAS)
+        if "generation" in prev
+        else None,
         generation=_generation(p.old, contract.ROLLOUT_GENERATION),
         # Written by the controller pod (the pod contract's status key), read here: clamped.
         synced_generation=_generation(p.old, contract.ROLLOUT_SYNCED_GENERATION),

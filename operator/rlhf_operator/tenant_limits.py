@@ -67,7 +67,9 @@ def pod_count(spec: JobSpec) -> int:
     separate, the rollout's maxReplicas (it may scale up to it). Arithmetic only: nothing is built."""
     roles = spec.roles
     gang = sum(getattr(roles, r).replicas for r in ("actor", "critic", "reference", "reward"))
-    fleet = max(roles.rollout.max_replicas, roles.rollout.replicas) if roles.placement == "disaggregated" else 0
+    fleet = (
+        max(roles.rollout.max_replicas, roles.rollout.replicas) if roles.placement == "disaggregated" else 0
+    )
     return 1 + gang + fleet
 
 
@@ -105,7 +107,9 @@ def refusal(spec: JobSpec, limits: Limits) -> tuple[str, str] | None:
             f"rollout.maxReplicas); this operator runs at most {limits.max_pods_per_job} pods per job "
             f"({MAX_PODS_ENV}); lower the replicas, then re-create the job",
         )
-    refused = [(where, p) for where, p in host_paths(spec) if not host_path_allowed(p, limits.allowed_host_paths)]
+    refused = [
+        (where, p) for where, p in host_paths(spec) if not host_path_allowed(p, limits.allowed_host_paths)
+    ]
     if refused:
         where, path = refused[0]
         allowed = ", ".join(limits.allowed_host_paths) or "none"

@@ -1090,9 +1090,14 @@ class ResourcesSpec:
 
 
 #: Pods a job can have at most, as CEL over the spec (the controller pod is the `1`).
-_JOB_PODS_CEL = "(1 + " + " + ".join(
-    [f"self.roles.{r}.replicas" for r in ("actor", "critic", "reference", "reward")] + ["self.roles.rollout.maxReplicas"]
-) + ")"
+_JOB_PODS_CEL = (
+    "(1 + "
+    + " + ".join(
+        [f"self.roles.{r}.replicas" for r in ("actor", "critic", "reference", "reward")]
+        + ["self.roles.rollout.maxReplicas"]
+    )
+    + ")"
+)
 
 
 @dataclass
@@ -2085,7 +2090,9 @@ def free_form_errors(value: Any, path: str, max_depth: int = MAX_FREE_FORM_DEPTH
                 f"{where}: a mapping of {len(node)} keys; valid: at most {MAX_FREE_FORM_PROPERTIES} keys per mapping"
             ]
         items = node.items() if isinstance(node, dict) else enumerate(node)
-        stack.extend((v, depth + 1, f"{where}.{k}" if isinstance(node, dict) else f"{where}[{k}]") for k, v in items)
+        stack.extend(
+            (v, depth + 1, f"{where}.{k}" if isinstance(node, dict) else f"{where}[{k}]") for k, v in items
+        )
     return []
 
 
@@ -2249,7 +2256,11 @@ def _schema_for(tp: Any, meta: dict[str, Any]) -> dict[str, Any]:
         out = meta["schema"]()
     elif meta.get("free_form"):
         # The API server bounds the keys, not the depth (`free_form_errors` does, in the loader).
-        free = {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "maxProperties": MAX_FREE_FORM_PROPERTIES}
+        free = {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "maxProperties": MAX_FREE_FORM_PROPERTIES,
+        }
         out = {"type": "array", "items": free} if origin is list else dict(free)
     elif dataclasses.is_dataclass(inner):
         out = openapi_schema(inner)

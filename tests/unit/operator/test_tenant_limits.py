@@ -29,7 +29,7 @@ def _with(path: str, value: Any, body: dict[str, Any] | None = None) -> dict[str
     return body
 
 
-def _refused(body: dict[str, Any], limits: Limits = Limits()) -> tuple[str, str]:
+def _refused(body: dict[str, Any], limits: Limits | None = None) -> tuple[str, str]:
     out = reconcile.plan(body, [], at(0), limits=limits)
     cond = get_condition(out.status, FAILED) or {}
     return str(cond.get("reason")), str(cond.get("message"))
@@ -42,13 +42,23 @@ def _refused(body: dict[str, Any], limits: Limits = Limits()) -> tuple[str, str]
     ("path", "value", "expect"),
     [
         ("spec.roles.actor.replicas", 10**6, "spec.roles.actor.replicas: 1000000 is above the maximum 1024"),
-        ("spec.roles.rollout.maxReplicas", 10**18, "spec.roles.rollout.maxReplicas: 1000000000000000000 is above"),
-        ("spec.roles.reference.replicas", 1025, "spec.roles.reference.replicas: 1025 is above the maximum 1024"),
+        (
+            "spec.roles.rollout.maxReplicas",
+            10**18,
+            "spec.roles.rollout.maxReplicas: 1000000000000000000 is above",
+        ),
+        (
+            "spec.roles.reference.replicas",
+            1025,
+            "spec.roles.reference.replicas: 1025 is above the maximum 1024",
+        ),
         # Each role under its bound, the job over: the CRD's per-job rule names the sum.
         ("spec.roles.actor.replicas", 1020, "this one asks for 1026 pods"),
     ],
 )
-def test_replica_counts_above_the_bounds_are_refused_naming_the_bound(path: str, value: int, expect: str) -> None:
+def test_replica_counts_above_the_bounds_are_refused_naming_the_bound(
+    path: str, value: int, expect: str
+) -> None:
     with pytest.raises(SpecError) as err:
         parse_job(_with(path, value))
     assert any(expect in e for e in err.value.errors), err.value.errors
@@ -85,7 +95,11 @@ def test_a_job_at_the_operators_bound_runs() -> None:
 
 @pytest.mark.parametrize(
     ("placement", "actor", "rollout_max", "pods"),
-    [("disaggregated", 2, 4, 1 + 2 + 1 + 4), ("colocated", 2, 4, 1 + 2 + 1), ("disaggregated", 1, 1024, 1027)],
+    [
+        ("disaggregated", 2, 4, 1 + 2 + 1 + 4),
+        ("colocated", 2, 4, 1 + 2 + 1),
+        ("disaggregated", 1, 1024, 1027),
+    ],
 )
 def test_pod_count_is_arithmetic_on_the_spec(placement: str, actor: int, rollout_max: int, pods: int) -> None:
     s = copy.deepcopy(BASE_SPEC)
@@ -100,7 +114,10 @@ def test_pod_count_is_arithmetic_on_the_spec(placement: str, actor: int, rollout
     [
         ({}, Limits(spec.MAX_PODS_PER_JOB, ())),
         ({"RLHF_OPERATOR_MAX_PODS_PER_JOB": "64"}, Limits(64, ())),
-        ({"RLHF_OPERATOR_ALLOWED_HOST_PATHS": " /data , /models/shared,"}, Limits(1024, ("/data", "/models/shared"))),
+        (
+            {"RLHF_OPERATOR_ALLOWED_HOST_PATHS": " /data , /models/shared,"},
+            Limits(1024, ("/data", "/models/shared")),
+        ),
     ],
 )
 def test_limits_from_the_environment(env: dict[str, str], expect: Limits) -> None:
@@ -143,7 +160,9 @@ def test_host_path_allowed_on_path_boundaries(path: str, allowed: tuple[str, ...
     assert host_path_allowed(path, allowed) is ok
 
 
-@pytest.mark.parametrize("where", ["spec.pod.volumes", "spec.roles.rollout.pod.volumes", "spec.controller.pod.volumes"])
+@pytest.mark.parametrize(
+    "where", ["spec.pod.volumes", "spec.roles.rollout.pod.volumes", "spec.controller.pod.volumes"]
+)
 def test_a_host_path_is_refused_by_default_naming_the_field(where: str) -> None:
     reason, message = _refused(_with(where, [HOST_VOLUME]))
     assert reason == "HostPathNotAllowed"
@@ -191,7 +210,13 @@ def _restarting(restarts: Any, **status: Any) -> dict[str, Any]:
         "phase": "Restarting",
         "restarts": restarts,
         "conditions": [
-            {"type": "Restarting", "status": "True", "reason": "x", "message": "", "lastTransitionTime": "2025-01-01T11:00:00Z"}
+            {
+                "type": "Restarting",
+                "status": "True",
+                "reason": "x",
+                "message": "",
+                "lastTransitionTime": "2025-01-01T11:00:00Z",
+            }
         ],
         **status,
     }
@@ -204,14 +229,24 @@ def test_a_forged_restart_count_costs_nothing(restarts: Any) -> None:
     out = reconcile.plan(_restarting(restarts), [], at(0), admitted=True)  # no CEL: the pass alone
     assert time.perf_counter() - started < 2.0
     assert 0 <= out.status["restarts"] <= reconcile.MAX_RESTARTS
-    assert all(p["metadata"]["labels"]["rlhf.dev/restart-attempt"] == str(out.status["restarts"]) for p in out.create)
+    assert all(
+        p["metadata"]["labels"]["rlhf.dev/restart-attempt"] == str(out.status["restarts"]) for p in out.create
+    )
 
 
 @pytest.mark.parametrize(
     ("backoff", "restarts", "expect"),
-    [(10, 1, 10.0), (10, 3, 40.0), (10, 10**12, 60.0), (0, 1, failure_policy.MIN_BACKOFF_SECONDS), (0, 10**9, 1.0)],
+    [
+        (10, 1, 10.0),
+        (10, 3, 40.0),
+        (10, 10**12, 60.0),
+        (0, 1, failure_policy.MIN_BACKOFF_SECONDS),
+        (0, 10**9, 1.0),
+    ],
 )
-def test_backoff_is_capped_before_the_power_and_has_a_floor(backoff: int, restarts: int, expect: float) -> None:
+def test_backoff_is_capped_before_the_power_and_has_a_floor(
+    backoff: int, restarts: int, expect: float
+) -> None:
     policy = spec.FailurePolicySpec(max_restarts=3, backoff_seconds=backoff, max_backoff_seconds=60)
     started = time.perf_counter()
     assert failure_policy.backoff_seconds(policy, restarts) == expect
@@ -223,7 +258,10 @@ def test_backoff_is_capped_before_the_power_and_has_a_floor(backoff: int, restar
     [
         {"progress": {"metrics": ["reward_mean", 1]}, "rollout": "x"},
         {"progress": {"step": "many", "totalSteps": [1], "reward": "NaN", "metrics": {"reward_mean": [2]}}},
-        {"progress": {"reward": 1e400}, "rollout": {"generation": "x", "syncedGeneration": 10**40, "desired": -5}},
+        {
+            "progress": {"reward": 1e400},
+            "rollout": {"generation": "x", "syncedGeneration": 10**40, "desired": -5},
+        },
         {"progress": "junk"},
     ],
 )
@@ -239,7 +277,12 @@ def test_wrong_typed_status_from_the_pod_never_wedges_a_pass(status: dict[str, A
 
 @pytest.mark.parametrize(
     ("progress", "reward"),
-    [({"reward": 0.5}, 0.5), ({"metrics": {"reward_mean": "0.25"}}, 0.25), ({"metrics": ["x"]}, None), ({"reward": True}, None)],
+    [
+        ({"reward": 0.5}, 0.5),
+        ({"metrics": {"reward_mean": "0.25"}}, 0.25),
+        ({"metrics": ["x"]}, None),
+        ({"reward": True}, None),
+    ],
 )
 def test_summary_reads_progress_defensively(progress: dict[str, Any], reward: float | None) -> None:
     assert summary({"progress": progress}, 10)["reward"] == reward
