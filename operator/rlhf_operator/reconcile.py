@@ -189,7 +189,9 @@ class Pass:
     attempt: int = 0
     current: list[dict[str, Any]] = field(default_factory=list)
     by_name: dict[str, dict[str, Any]] = field(default_factory=dict)
-    desired_gang: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The gang's pods of this attempt by name: (role, replica index). Pods are built only when
+    #: created (`create_missing`), so a pass over a big job costs names, not pod objects.
+    desired_gang: dict[str, tuple[str, int]] = field(default_factory=dict)
     rollout_desired: int = 0
     #: Rollout pods the fleet adds this pass, by name.
     desired_rollout: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -460,13 +462,13 @@ def controller_succeeded(p: Pass) -> bool:
 
 def desired_pods(p: Pass) -> bool:
     """The gang's pods of this attempt (rollout pods are the fleet's: `rollout_fleet`)."""
-    p.rollout_desired = children.role_replicas(p.spec).get("rollout", 0)
+    counts = children.role_replicas(p.spec)
+    p.rollout_desired = counts.get("rollout", 0)
     p.desired_gang = {
-        n: x
-        for n, x in children.build_pods(
-            p.job, p.attempt, rollout_replicas=0, incarnation=p.incarnation
-        ).items()
-        if _labels(x)[labels.ROLE] != "rollout"
+        children.pod_name(p.name, role, i): (role, i)
+        for role, n in counts.items()
+        if role != "rollout"
+        for i in range(n)
     }
     return NEXT
 
@@ -476,11 +478,11 @@ def collect_failures(p: Pass) -> bool:
     started) gone; a worker that exited before the controller; and, until the job runs, a rollout
     pod a replacement would not cure (it cannot start without its fleet)."""
     started = p.phase in ("Scheduling", "Running")
-    for name, want in p.desired_gang.items():
+    for name, (role, _) in p.desired_gang.items():
         pod = p.by_name.get(name)
         if pod is None or _attempt(pod) != p.attempt:
             if started and pod is None:
-                p.failures.append(failure_policy.missing_pod(name, _labels(want)[labels.ROLE]))
+                p.failures.append(failure_policy.missing_pod(name, role))
             continue
         if suspend.awaiting_removal(pod, p.phase):  # e.g. the suspension's pods, after a quick resume
             continue
@@ -670,9 +672,14 @@ def rollout_fleet(p: Pass) -> bool:
 def create_missing(p: Pass) -> bool:
     """Create every wanted pod that does not exist; a name still held by a terminating pod waits
     for the next pass, one held by a pod the job does not own is reported (`ownership`)."""
-    want = {**p.desired_gang, **p.desired_rollout}
     held = {x["metadata"]["name"]: x for x in p.foreign}
-    p.out.create.extend(pod for name, pod in want.items() if name not in p.by_name and name not in held)
+    for name, (role, index) in p.desired_gang.items():
+        if name not in p.by_name and name not in held:
+            p.out.create.append(children.build_pod(p.job, role, index, p.attempt, p.incarnation))
+    p.out.create.extend(
+        pod for name, pod in p.desired_rollout.items() if name not in p.by_name and name not in held
+    )
+    want = [*p.desired_gang, *p.desired_rollout]
     p.out.blocked.extend(ownership.not_owned(held[name], p.uid) for name in sorted(want) if name in held)
     return NEXT
 

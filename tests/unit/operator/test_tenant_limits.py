@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from operator_helpers import BASE_SPEC, at, job
+from operator_helpers import BASE_SPEC, at, job, running
 
 from rlhf_operator import children, failure_policy, reconcile, tenant_limits
 from rlhf_operator.status import FAILED, get_condition, set_condition, summary
@@ -91,6 +91,27 @@ def test_a_job_at_the_operators_bound_runs() -> None:
     body = _with("spec.roles.actor.replicas", 4)  # 1 + 4 + 1 + 4 = 10
     out = reconcile.plan(body, [], at(0), limits=Limits(max_pods_per_job=10))
     assert out.invalid is None and len(out.create) == 1 + 4 + 1 + 2  # the fleet starts at 2
+
+
+def test_a_pass_over_a_big_running_job_builds_no_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gang is planned by name and count; a pod object is built only to be created."""
+    body = _with("spec.roles.actor.replicas", 1000)  # 1 + 1000 + 1 + 2 of the fleet: 1004 pods
+    body["status"] = {"phase": "Running", "restarts": 0, "rollout": {"desired": 2, "generation": 1}}
+    pods = [running(x) for x in children.build_pods(parse_job(body)).values()]
+    built: list[str] = []
+    real = children.build_pod
+
+    def counting(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        built.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(children, "build_pod", counting)
+    out = reconcile.plan(body, pods, at(0), admitted=True)
+    assert out.status["phase"] == "Running" and out.create == [] and built == []
+    body["status"]["phase"] = "Pending"  # one pod still to create: only it is built
+    missing = [x for x in pods if x["metadata"]["name"] != "j-actor-7"]
+    out = reconcile.plan(body, missing, at(0), admitted=True)
+    assert built == ["actor"] and [x["metadata"]["name"] for x in out.create] == ["j-actor-7"]
 
 
 @pytest.mark.parametrize(
