@@ -99,6 +99,49 @@ def test_kopf_decodes_its_watch_and_its_answers_through_safe_json() -> None:
     assert getattr(aiohttp.ClientResponse.json, "_rlhf_safe", False)
 
 
+def test_kopfs_own_watch_stream_survives_a_5000_deep_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf's `api.stream` (the code its watches run) over a real HTTP answer whose first line is a
+    job nested 5000 deep: the event arrives, cut at the bound, and the next event after it."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+    from kopf._cogs.clients import api
+
+    deep = '{"a": ' * 5000 + "1" + "}" * 5000
+    lines = [
+        '{"type": "ADDED", "object": {"kind": "RLTrainingJob", "spec": ' + deep + "}}",
+        '{"type": "ADDED", "object": {"kind": "RLTrainingJob", "metadata": {"name": "other"}}}',
+    ]
+
+    async def watch(_: web.Request) -> web.Response:
+        return web.Response(text="\n".join(lines) + "\n", content_type="application/json")
+
+    async def run() -> list[Any]:
+        app = web.Application()
+        app.router.add_get("/watch", watch)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        async with aiohttp.ClientSession() as session:
+
+            async def request(**_: Any) -> aiohttp.ClientResponse:
+                return await session.get(f"http://127.0.0.1:{port}/watch")
+
+            monkeypatch.setattr(api, "request", request)
+            try:
+                return [ev async for ev in api.stream("/watch", settings=None, logger=None)]  # type: ignore[arg-type]
+            finally:
+                await runner.cleanup()
+
+    safe_json.install_into_kopf()
+    events = asyncio.run(run())
+    assert [e["object"].get("metadata", {}).get("name") for e in events] == [None, "other"]
+    assert depth_of(events[0]["object"]["spec"]) == safe_json.MAX_DEPTH - 2
+
+
 @pytest.mark.parametrize("depth", [9, 40, 5000])
 def test_a_job_with_deep_kwargs_fails_naming_the_field(depth: int) -> None:
     body = job()
