@@ -153,3 +153,24 @@ def test_any_change_to_a_rule_changes_the_digest() -> None:
     root = spec["versions"][0]["schema"]["openAPIV3Schema"]
     root["x-kubernetes-validations"][0]["rule"] += " && true"
     assert crd.schema_digest(spec) != crd.expected_schema_digest()
+
+
+def test_every_progress_key_the_trainer_writes_is_in_the_schema() -> None:
+    """With a structured `status.progress`, the API server prunes what the schema does not name:
+    the trainer's own reporter must write only named keys, and values within their bounds."""
+    from rlhf_trainer.run_cli import StatusReporter
+
+    metrics = {
+        "reward/mean": 0.75,
+        "actor/kl": 1e-3,
+        "timing/step": 12.5,
+        "perf/samples_per_second": 1e6,
+        "actor/policy_version": 7,
+        "eval/reward_mean": -1e300,
+        "eval/step": 4,
+    }
+    progress = StatusReporter(None, "j", "ns").progress(3, 20, metrics)["status"]["progress"]
+    schema = version()["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["progress"]
+    assert set(progress) <= set(schema["properties"]), set(progress) - set(schema["properties"])
+    bound = schema["properties"]["metrics"]["additionalProperties"]["maxLength"]
+    assert progress["metrics"] and all(len(v) <= bound for v in progress["metrics"].values())
