@@ -333,3 +333,23 @@ def test_condition_messages_are_clipped_to_the_schema(length: int) -> None:
     assert len(conds[0]["reason"]) <= 128
     if length > tenant_limits.MAX_MESSAGE:
         assert conds[0]["message"].endswith("(clipped)")
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--max-pods-per-job=lots", "RLHF_OPERATOR_MAX_PODS_PER_JOB='lots' is not valid"),
+        ("--allowed-host-paths=data", "'data' is not valid; valid: absolute paths"),
+    ],
+)
+def test_rlhf_operator_refuses_bad_bounds_at_start(flag: str, message: str) -> None:
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-m", "rlhf_trainer.cli", "operator", flag],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2 and message in res.stderr, res.stderr
