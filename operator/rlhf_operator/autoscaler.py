@@ -32,6 +32,7 @@ wait during a sync is not evidence of load and the previous change has not yet t
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import posixpath
@@ -60,6 +61,9 @@ DEFAULT_CONTROLLER_METRICS_URL = "http://{job}-controller.{job}.{namespace}.svc:
 MAX_RECOMMENDATIONS = 64
 #: Seconds a metric read may take before the evaluation counts as "no data".
 READ_TIMEOUT_SECONDS = 3.0
+#: The most bytes of a job's /metrics the operator reads (the controller serves tens of KiB; the
+#: job's author controls the endpoint, and the operator's threads serve every tenant).
+MAX_SCRAPE_BYTES = 256 << 10
 
 
 def stamp(t: dt.datetime) -> str:
@@ -172,7 +176,8 @@ def metric_source(
             a.prometheus.url, a.metric, name, namespace, a.prometheus.query, timeout=READ_TIMEOUT_SECONDS
         )
     url = controller_metrics_url(url_template, name, namespace)
-    return ScrapeSource.for_metric(url, a.metric, timeout=READ_TIMEOUT_SECONDS)
+    source = ScrapeSource.for_metric(url, a.metric, timeout=READ_TIMEOUT_SECONDS)
+    return dataclasses.replace(source, max_bytes=MAX_SCRAPE_BYTES)
 
 
 def observe_reshard(auto: dict[str, Any], rollout: dict[str, Any], now: dt.datetime) -> dict[str, Any] | None:

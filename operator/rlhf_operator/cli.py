@@ -48,6 +48,15 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         print("rlhf operator: give --namespace or --all-namespaces, not both", file=sys.stderr)
         return 2
     os.environ["RLHF_OPERATOR_CONTROLLER_METRICS_URL"] = args.controller_metrics_url
+    from rlhf_operator import tenant_limits
+
+    os.environ[tenant_limits.MAX_PODS_ENV] = str(args.max_pods_per_job)
+    os.environ[tenant_limits.ALLOWED_HOST_PATHS_ENV] = args.allowed_host_paths
+    try:
+        tenant_limits.Limits.from_env(os.environ)
+    except ValueError as err:
+        print(f"rlhf operator: {err}", file=sys.stderr)
+        return 2
     kopf.configure(verbose=args.verbose, log_format=getattr(kopf.LogFormat, args.log_format.upper()))
     level = logging.DEBUG if args.verbose or args.debug_passes else logging.INFO
     logging.getLogger("rlhf_operator").setLevel(level)
@@ -115,6 +124,20 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
         or "http://{job}-controller.{job}.{namespace}.svc:8080/metrics",
         help="where the autoscaler scrapes a job's controller when the job names no Prometheus; "
         "{job} and {namespace} are substituted (env RLHF_OPERATOR_CONTROLLER_METRICS_URL)",
+    )
+    p.add_argument(
+        "--max-pods-per-job",
+        metavar="N",
+        default=os.environ.get("RLHF_OPERATOR_MAX_PODS_PER_JOB") or "1024",
+        help="most pods one job may have; a larger job Fails (TooManyPods) before any pod is built "
+        "(env RLHF_OPERATOR_MAX_PODS_PER_JOB; the CRD refuses more than 1024)",
+    )
+    p.add_argument(
+        "--allowed-host-paths",
+        metavar="PATHS",
+        default=os.environ.get("RLHF_OPERATOR_ALLOWED_HOST_PATHS", ""),
+        help="comma-separated node paths a job's hostPath volumes may name (each with what lies below "
+        "it); empty (the default): no hostPath is allowed (env RLHF_OPERATOR_ALLOWED_HOST_PATHS)",
     )
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     p.add_argument(

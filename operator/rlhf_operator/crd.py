@@ -60,8 +60,6 @@ def spec_schema() -> dict[str, Any]:
 def status_schema() -> dict[str, Any]:
     schema = admission.bound(_strip_defaults(openapi_schema(JobStatus)))
     props = schema["properties"]
-    # The controller pod may report more than the documented progress keys.
-    props["progress"]["x-kubernetes-preserve-unknown-fields"] = True
     conditions = props["conditions"]
     conditions["x-kubernetes-list-type"] = "map"
     conditions["x-kubernetes-list-map-keys"] = ["type"]

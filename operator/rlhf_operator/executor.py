@@ -10,6 +10,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import math
 import os
 import secrets
 import threading
@@ -31,6 +32,7 @@ from rlhf_operator import (
     metrics,
     ownership,
     reconcile,
+    tenant_limits,
 )
 from rlhf_operator.status import FINISHED, rfc3339
 from rlhf_trainer.autoscale import MetricError, MetricSource
@@ -45,6 +47,8 @@ _PAUSE_AFTER_CREATES = int(os.environ.get("RLHF_OPERATOR_PAUSE_AFTER_CREATES", "
 
 #: Pod creations in flight at once, over all jobs (`rlhf operator` passes it to the Executor).
 CREATE_WORKERS = int(os.environ.get("RLHF_OPERATOR_CREATE_WORKERS", "16"))
+#: After an autoscaler failure, its next try (the pass itself goes on).
+AUTOSCALE_RETRY_SECONDS = 30.0
 #: resourceVersions of its own status writes the executor remembers per job (`own_write`).
 OWN_WRITES_KEPT = 8
 
@@ -119,12 +123,26 @@ class Outcome:
     phase: str | None = None
 
 
+#: The largest signal the policy is given: a bigger one (1.5e308 overflows the proportional
+#: rule) counts as no data.
+MAX_SIGNAL = 1e12
+
+
 def read_signal(source: MetricSource) -> tuple[float | None, str | None]:
-    """The signal's value, or (None, why) when the endpoint cannot be read (the policy then holds)."""
+    """The signal's value, or (None, why) when the endpoint cannot be read (the policy then holds).
+    Whatever the read raises or returns (the job's author controls the endpoint), the answer is a
+    bounded finite number or a reason, never an exception that stops the job's pass."""
     try:
-        return source.read(), None
+        value = source.read()
     except MetricError as err:
         return None, str(err)
+    except Exception as err:  # a bug or an answer the parser did not expect: no data, not a wedge
+        return None, f"the metric read failed ({type(err).__name__})"
+    if value is None:
+        return None, None
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or abs(value) > MAX_SIGNAL:
+        return None, f"the signal is not a finite number of at most {MAX_SIGNAL:g}"
+    return float(value), None
 
 
 class Executor:
@@ -137,8 +155,11 @@ class Executor:
         pod_cache: cache.PodCache | None = None,
         create_workers: int = 1,
         installed_rules: jobs.InstalledRules | None = None,
+        limits: tenant_limits.Limits | None = None,
     ) -> None:
         self.kube = client
+        #: The operator's bounds on one job (`tenant_limits`).
+        self.limits = limits or tenant_limits.Limits()
         #: Template of the controller's /metrics URL for the autoscaler's direct scrape.
         self.controller_metrics_url = controller_metrics_url
         #: URL prefixes a job's own Prometheus URL must lie under (see `autoscaler.refusal`).
@@ -274,13 +295,13 @@ class Executor:
             self.forget(namespace, name, uid)
             return Outcome(gone=True)
         admitted = self.installed_rules is not None and self.installed_rules.enforced()
-        body, autoscale_after, scaled, autoscaled = self._autoscale(body, now, admitted)
+        body, autoscale_after, scaled, autoscaled = self._autoscale_guarded(body, now, admitted)
         if scaled:  # spec changed: the next pass (at once) reconciles the new count from a fresh read
             return Outcome(requeue_after=0.0, phase=(body.get("status") or {}).get("phase"))
         self._mark("parse/autoscale")
         pods = self._pods(namespace, name)
         self._mark("pods")
-        plan = reconcile.plan(body, pods, now, admitted)
+        plan = reconcile.plan(body, pods, now, admitted, self.limits)
         self._mark(f"plan[{plan.status.get('phase')}]")
         if autoscale_after is not None:
             plan.requeue(autoscale_after)
@@ -351,6 +372,23 @@ class Executor:
         # the time of that read) the read says "list again" (None), and `or []` made the pass see
         # a job without pods (in Running: every gang pod "missing", a gang restart).
         return self.pod_cache.seed(namespace, name, listed, version)
+
+    def _autoscale_guarded(
+        self, body: dict[str, Any], now: dt.datetime, admitted: bool = False
+    ) -> tuple[dict[str, Any], float | None, bool, dict[str, Any] | None]:
+        """`_autoscale`, whose failure (other than the API's own retry signals) skips the
+        autoscaler for this pass instead of ending it: the job's suspend, TTL and restarts do not
+        wait on its metrics."""
+        try:
+            return self._autoscale(body, now, admitted)
+        except (kube.Conflict, kube.Retry):
+            raise
+        except Exception as err:
+            meta = body.get("metadata") or {}
+            log.warning(
+                "%s/%s: autoscaler skipped this pass: %r", meta.get("namespace"), meta.get("name"), err
+            )
+            return body, AUTOSCALE_RETRY_SECONDS, False, None
 
     def _autoscale(
         self, body: dict[str, Any], now: dt.datetime, admitted: bool = False

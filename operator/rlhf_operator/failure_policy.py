@@ -33,6 +33,7 @@ may clear later, so the create is retried with a growing delay and reported mean
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 from typing import Any
@@ -229,12 +230,24 @@ def is_gang_role(role: str) -> bool:
     return role in labels.GANG_ROLES
 
 
+#: The shortest delay before a gang restart's pods are created, whatever the spec says.
+MIN_BACKOFF_SECONDS = 1.0
+#: Gang restarts that RestartGangNoCount rules may let through uncounted; past this many, each
+#: further restart counts against maxRestarts (a job failing forever for an uncounted reason
+#: would otherwise recreate its gang forever).
+MAX_UNCOUNTED_RESTARTS = 100
+
+
 def backoff_seconds(policy: FailurePolicySpec, restarts: int) -> float:
     """Delay before the pods of restart number `restarts` (1-based) are created: backoff, doubled each
     time, capped at maxBackoffSeconds."""
     if restarts <= 0:
         return 0.0
-    return float(min(policy.backoff_seconds * 2 ** (restarts - 1), policy.max_backoff_seconds))
+    # The exponent is capped before the power: `restarts` comes from the status, and 2 ** 10**12
+    # would take the operator's memory (the cap is above any maxBackoffSeconds/backoffSeconds).
+    # A floor keeps a job with backoffSeconds 0 from a create/delete storm against the API server.
+    doubled = policy.backoff_seconds * 2 ** min(restarts - 1, 62)
+    return float(max(MIN_BACKOFF_SECONDS, min(doubled, policy.max_backoff_seconds)))
 
 
 def exhausted(policy: FailurePolicySpec, restarts: int) -> bool:
@@ -301,13 +314,18 @@ class Decision:
     exhausted: bool = False
 
 
-def decide(policy: FailurePolicySpec, failures: list[PodFailure], counted_restarts: int) -> Decision:
+def decide(
+    policy: FailurePolicySpec, failures: list[PodFailure], counted_restarts: int, uncounted_restarts: int = 0
+) -> Decision:
     """The action for the acting failures of one pass (at least one). `counted_restarts`: the
-    restarts counted against maxRestarts so far."""
+    restarts counted against maxRestarts so far; `uncounted_restarts`: those let through by
+    RestartGangNoCount rules (past `MAX_UNCOUNTED_RESTARTS` such a restart counts)."""
     if not failures:
         raise ValueError("decide needs at least one failure")
     verdicts = [verdict(policy, f) for f in failures]
     gravest = max(verdicts, key=lambda v: GRAVITY[v.action])  # max keeps the first of equals
+    if gravest.action == RESTART_GANG_NO_COUNT and uncounted_restarts >= MAX_UNCOUNTED_RESTARTS:
+        gravest = dataclasses.replace(gravest, action=RESTART_GANG)
     if gravest.action == RESTART_GANG and exhausted(policy, counted_restarts):
         return Decision(FAIL_JOB, gravest, exhausted=True)
     return Decision(gravest.action, gravest)

@@ -31,7 +31,19 @@ from typing import Any
 
 import kopf
 
-from rlhf_operator import autoscaler, cache, crd, images, jobs, kube, kueue, metrics, status_policy
+from rlhf_operator import (
+    autoscaler,
+    cache,
+    crd,
+    images,
+    jobs,
+    kube,
+    kueue,
+    metrics,
+    safe_json,
+    status_policy,
+    tenant_limits,
+)
 from rlhf_operator.executor import CREATE_WORKERS, Executor
 from rlhf_operator.labels import FINALIZER, GROUP, JOB_NAME, PLURAL, VERSION
 
@@ -57,6 +69,8 @@ _passes: concurrent.futures.ThreadPoolExecutor | None = None
 _pods = cache.PodCache(relist_seconds=float(os.environ.get("RLHF_OPERATOR_RELIST_SECONDS", "300")))
 
 log = logging.getLogger(__name__)
+# A job nested too deep must not end the watch (and the process) for every tenant.
+safe_json.install_into_kopf()
 
 
 def _get_executor() -> Executor:
@@ -75,6 +89,7 @@ def _get_executor() -> Executor:
             prometheus_url_prefixes=prefixes,
             pod_cache=_pods,
             create_workers=CREATE_WORKERS,
+            limits=tenant_limits.Limits.from_env(os.environ),
             installed_rules=jobs.InstalledRules(
                 lambda: client.crd_annotations(crd.CRD_NAME),
                 recheck_seconds=float(os.environ.get("RLHF_OPERATOR_CRD_RECHECK_SECONDS", "60")),

@@ -15,7 +15,7 @@ import contextlib
 import json
 from typing import Any
 
-from rlhf_operator import labels
+from rlhf_operator import labels, safe_json
 
 #: Resource (plural) of each kind the operator writes.
 PLURALS = {
@@ -124,7 +124,7 @@ class Kube:
         except (OSError, TransportError) as err:  # refused, reset, timed out: restarting or stuck
             raise Retry(f"{method} {url}: {err}") from err
         if 200 <= status < 300:
-            return json.loads(data) if data else None
+            return safe_json.loads(data) if data else None  # a tenant's object: bounded depth
         message = _message(data)
         if status == 409:
             raise Conflict(f"{method} {url}: {message}")

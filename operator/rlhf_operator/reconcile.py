@@ -44,12 +44,14 @@ from rlhf_operator import (
     pod_health,
     rollout,
     suspend,
+    tenant_limits,
     ttl,
 )
 from rlhf_operator.status import (
     CHILD_FAILURE,
     FAILED,
     FINISHED,
+    PHASES,
     POD_FAILURE,
     QUEUED,
     RESTARTING,
@@ -66,7 +68,7 @@ from rlhf_operator.status import (
     summary,
 )
 from rlhf_trainer import contract
-from rlhf_trainer.spec import JobSpec, RLTrainingJob, SpecError
+from rlhf_trainer.spec import MAX_REPLICAS, JobSpec, RLTrainingJob, SpecError
 
 #: The status keys the operator owns (progress and rollout.syncedGeneration belong to the controller pod).
 OPERATOR_KEYS = (
@@ -81,6 +83,10 @@ OPERATOR_KEYS = (
     "summary",
 )
 ROLLOUT_KEYS = ("desired", "ready", "selector", "generation")
+#: The most gang restarts a status may claim (a larger `status.restarts` is clamped to this).
+MAX_RESTARTS = 1_000_000
+#: The largest rollout generation read from a status (a larger one is clamped to this).
+MAX_GENERATION = 2**53
 
 
 @dataclass(frozen=True)
@@ -184,7 +190,9 @@ class Pass:
     attempt: int = 0
     current: list[dict[str, Any]] = field(default_factory=list)
     by_name: dict[str, dict[str, Any]] = field(default_factory=dict)
-    desired_gang: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The gang's pods of this attempt by name: (role, replica index). Pods are built only when
+    #: created (`create_missing`), so a pass over a big job costs names, not pod objects.
+    desired_gang: dict[str, tuple[str, int]] = field(default_factory=dict)
     rollout_desired: int = 0
     #: Rollout pods the fleet adds this pass, by name.
     desired_rollout: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -194,6 +202,8 @@ class Pass:
     expected: int = 0
     #: The API server has enforced the CRD's rules on `body` (`jobs.InstalledRules`).
     admitted: bool = False
+    #: The operator's bounds on one job (`tenant_limits`).
+    limits: tenant_limits.Limits = field(default_factory=tenant_limits.Limits)
 
     @classmethod
     def start(cls, body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime) -> Pass:
@@ -201,14 +211,16 @@ class Pass:
         owned, foreign = ownership.split(pods, meta.get("uid", ""))
         old: dict[str, Any] = dict(body.get("status") or {})
         phase = old.get("phase") or "Pending"
-        restarts = int(old.get("restarts") or 0)
+        # Numbers a pod may have written (where the status policy is absent): clamped before
+        # any arithmetic (`2 ** restarts`, `+ 1`) and never an exception that wedges the job.
+        restarts = tenant_limits.clamp_int(old.get("restarts"), 0, MAX_RESTARTS)
         # Absent while every restart counted (see finish).
         counted = old.get("countedRestarts")
         st: dict[str, Any] = {
-            "phase": phase,
+            "phase": phase if phase in PHASES else "Pending",
             "observedGeneration": meta.get("generation", 0),
             "restarts": restarts,
-            "countedRestarts": restarts if counted is None else int(counted),
+            "countedRestarts": restarts if counted is None else tenant_limits.clamp_int(counted, 0, restarts),
         }
         for key in ("startTime", "completionTime"):
             if old.get(key):
@@ -336,8 +348,10 @@ DONE, NEXT = True, False
 
 
 def parse_spec(p: Pass) -> bool:
-    """An invalid spec fails the job (`InvalidSpec`, every problem named); the handler then stops.
-    A job with no image, on an operator with no default one (`images`), is invalid too."""
+    """An invalid spec fails the job (`InvalidSpec`, every problem named), and so does a job with
+    no image on an operator with no default one (`images`), or one the operator's bounds refuse
+    (`tenant_limits.refusal`: too many pods, a hostPath not allowed), before a single pod is built;
+    the handler then stops."""
     try:
         job = jobs.parse(p.body, admitted=p.admitted)
         no_image = images.missing_image(job.spec)
@@ -345,14 +359,22 @@ def parse_spec(p: Pass) -> bool:
             raise SpecError([no_image])
         p.out.job = job
     except SpecError as err:
-        message = "; ".join(err.errors)
-        p.out.invalid = message
-        if p.phase != "Failed":
-            p.st["completionTime"] = rfc3339(p.now)
-        p.cond(FAILED, True, "InvalidSpec", message)
-        p.transition("Failed", "InvalidSpec", message, warning=True)
+        _invalid(p, "InvalidSpec", "; ".join(err.errors))
+        return DONE
+    refused = tenant_limits.refusal(p.job.spec, p.limits)
+    if refused is not None:
+        p.out.job = None  # nothing is built from it: no pods, no static children
+        _invalid(p, *refused)
         return DONE
     return NEXT
+
+
+def _invalid(p: Pass, reason: str, message: str) -> None:
+    p.out.invalid = message
+    if p.phase != "Failed":
+        p.st["completionTime"] = rfc3339(p.now)
+    p.cond(FAILED, True, reason, message)
+    p.transition("Failed", reason, message, warning=True)
 
 
 def sort_attempts(p: Pass) -> bool:
@@ -446,13 +468,13 @@ def controller_succeeded(p: Pass) -> bool:
 
 def desired_pods(p: Pass) -> bool:
     """The gang's pods of this attempt (rollout pods are the fleet's: `rollout_fleet`)."""
-    p.rollout_desired = children.role_replicas(p.spec).get("rollout", 0)
+    counts = children.role_replicas(p.spec)
+    p.rollout_desired = counts.get("rollout", 0)
     p.desired_gang = {
-        n: x
-        for n, x in children.build_pods(
-            p.job, p.attempt, rollout_replicas=0, incarnation=p.incarnation
-        ).items()
-        if _labels(x)[labels.ROLE] != "rollout"
+        children.pod_name(p.name, role, i): (role, i)
+        for role, n in counts.items()
+        if role != "rollout"
+        for i in range(n)
     }
     return NEXT
 
@@ -462,11 +484,11 @@ def collect_failures(p: Pass) -> bool:
     started) gone; a worker that exited before the controller; and, until the job runs, a rollout
     pod a replacement would not cure (it cannot start without its fleet)."""
     started = p.phase in ("Scheduling", "Running")
-    for name, want in p.desired_gang.items():
+    for name, (role, _) in p.desired_gang.items():
         pod = p.by_name.get(name)
         if pod is None or _attempt(pod) != p.attempt:
             if started and pod is None:
-                p.failures.append(failure_policy.missing_pod(name, _labels(want)[labels.ROLE]))
+                p.failures.append(failure_policy.missing_pod(name, role))
             continue
         if suspend.awaiting_removal(pod, p.phase):  # e.g. the suspension's pods, after a quick resume
             continue
@@ -489,7 +511,10 @@ def act_on_failures(p: Pass) -> bool:
     acting = [f for f in p.failures if f.acting]
     if not acting or p.phase == "Restarting":
         return NEXT
-    decision = failure_policy.decide(p.spec.failure_policy, acting, p.st["countedRestarts"])
+    st = p.st
+    decision = failure_policy.decide(
+        p.spec.failure_policy, acting, st["countedRestarts"], st["restarts"] - st["countedRestarts"]
+    )
     detail = "; ".join(f.message for f in acting[:3])
     if decision.action == failure_policy.FAIL_JOB:
         _fail(p, decision, detail)
@@ -540,7 +565,7 @@ def _restart(p: Pass, decision: failure_policy.Decision, detail: str) -> None:
         "desired": p.rollout_desired,
         "ready": 0,
         "selector": children.selector(p.name, "rollout"),
-        "generation": int((p.old.get("rollout") or {}).get("generation") or 0) + 1,
+        "generation": _generation(p.old, contract.ROLLOUT_GENERATION) + 1,
     }
     p.out.requeue(delay)
 
@@ -607,17 +632,26 @@ def restart_backoff(p: Pass) -> bool:
     return NEXT
 
 
+def _generation(status: dict[str, Any], key: str) -> int:
+    """`status.rollout.<key>` as a bounded integer (0 when absent or not a number)."""
+    prev = status.get("rollout")
+    return tenant_limits.clamp_int(prev.get(key) if isinstance(prev, dict) else None, 0, MAX_GENERATION)
+
+
 def rollout_fleet(p: Pass) -> bool:
     """The elastic fleet through the resharding protocol (`rollout.plan_rollout`): failed members
     replaced alone, leavers drained before deletion, the generation bumped on each change."""
-    prev = p.old.get("rollout") or {}
+    raw = p.old.get("rollout")
+    prev: dict[str, Any] = raw if isinstance(raw, dict) else {}
     rplan = rollout.plan_rollout(
         [x for x in p.current if _labels(x).get(labels.ROLE) == "rollout"],
         desired=p.rollout_desired,
-        previous_desired=prev.get("desired") if "generation" in prev else None,
-        generation=int(prev.get(contract.ROLLOUT_GENERATION) or 0),
-        # Written by the controller pod (the pod contract's status key), read here.
-        synced_generation=int(prev.get(contract.ROLLOUT_SYNCED_GENERATION) or 0),
+        previous_desired=tenant_limits.clamp_int(prev.get("desired"), 0, MAX_REPLICAS)
+        if "generation" in prev
+        else None,
+        generation=_generation(p.old, contract.ROLLOUT_GENERATION),
+        # Written by the controller pod (the pod contract's status key), read here: clamped.
+        synced_generation=_generation(p.old, contract.ROLLOUT_SYNCED_GENERATION),
         job_started=p.phase in ("Scheduling", "Running"),
         failure_of=p.replace_alone,
     )
@@ -644,9 +678,14 @@ def rollout_fleet(p: Pass) -> bool:
 def create_missing(p: Pass) -> bool:
     """Create every wanted pod that does not exist; a name still held by a terminating pod waits
     for the next pass, one held by a pod the job does not own is reported (`ownership`)."""
-    want = {**p.desired_gang, **p.desired_rollout}
     held = {x["metadata"]["name"]: x for x in p.foreign}
-    p.out.create.extend(pod for name, pod in want.items() if name not in p.by_name and name not in held)
+    for name, (role, index) in p.desired_gang.items():
+        if name not in p.by_name and name not in held:
+            p.out.create.append(children.build_pod(p.job, role, index, p.attempt, p.incarnation))
+    p.out.create.extend(
+        pod for name, pod in p.desired_rollout.items() if name not in p.by_name and name not in held
+    )
+    want = [*p.desired_gang, *p.desired_rollout]
     p.out.blocked.extend(ownership.not_owned(held[name], p.uid) for name in sorted(want) if name in held)
     return NEXT
 
@@ -764,12 +803,20 @@ STEPS: tuple[Step, ...] = (
 )
 
 
-def plan(body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime, admitted: bool = False) -> Plan:
+def plan(
+    body: dict[str, Any],
+    pods: list[dict[str, Any]],
+    now: dt.datetime,
+    admitted: bool = False,
+    limits: tenant_limits.Limits | None = None,
+) -> Plan:
     """Reconcile one job. `body` is the job as read from the API server; `pods` its labelled pods
     (only those whose controller owner reference carries the job's UID count; see `ownership`);
-    `admitted`: the API server enforced the CRD's rules on `body` (see `jobs.parse`)."""
+    `admitted`: the API server enforced the CRD's rules on `body` (see `jobs.parse`); `limits`:
+    the operator's bounds on a job (default: `tenant_limits.Limits()`)."""
     p = Pass.start(body, pods, now)
     p.admitted = admitted
+    p.limits = limits or tenant_limits.Limits()
     for step in STEPS:
         if step(p) is DONE:
             break

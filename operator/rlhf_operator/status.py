@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rlhf_operator.tenant_limits import clamp_int, clip
 from rlhf_trainer.spec import _f
 
 Phase = Literal["Pending", "Scheduling", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
@@ -32,6 +33,9 @@ PHASES: tuple[str, ...] = (
     "Failed",
 )
 FINISHED = ("Succeeded", "Failed")
+#: Longest condition reason kept; the longest number shown in a summary.
+MAX_REASON = 128
+MAX_COUNT = 10**12
 
 # Condition types. Each is True/False with a reason and a message.
 SCHEDULED = "Scheduled"  # every pod of the gang is bound to a node
@@ -82,7 +86,8 @@ class Condition:
 
 @dataclass
 class ProgressStatus:
-    """Training progress, written by the controller pod (other keys it adds are kept)."""
+    """Training progress, written by the controller pod. A structured schema, not free form: the
+    pod's writes are pruned to these keys and bounded in size, whatever the pod sends."""
 
     step: int = _f(0, doc="Completed training steps.")
     total_steps: int = _f(0, doc="Steps the job will run (spec.training.steps).")
@@ -93,6 +98,11 @@ class ProgressStatus:
         None, doc="Mean reward of the last evaluation (spec.eval): greedy responses, else sampled ones."
     )
     eval_step: int | None = _f(None, doc="Completed training steps when the last evaluation ran.")
+    metrics: dict[str, str] = _f(
+        {},
+        doc="A few metrics of the last step, by name (`/` written `_`), as decimal text.",
+        value_max_length=64,
+    )
 
 
 @dataclass
@@ -213,29 +223,42 @@ def set_condition(
     out = [dict(c) for c in conditions if c.get("type") != type_]
     old = next((c for c in conditions if c.get("type") == type_), None)
     since = old.get("lastTransitionTime") if old and old.get("status") == status else rfc3339(now)
+    # Clipped to the schema's maxLength: a longer message (a pod's termination message quoted, a
+    # long list of pods) would make every status patch of the job fail with 422.
     out.append(
-        {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": since}
+        {
+            "type": type_,
+            "status": status,
+            "reason": reason[:MAX_REASON],
+            "message": clip(message),
+            "lastTransitionTime": since,
+        }
     )
     order = {t: i for i, t in enumerate(CONDITION_TYPES)}
     return sorted(out, key=lambda c: order.get(c["type"], len(order)))
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def summary(status: dict[str, Any], total_steps: int) -> dict[str, Any]:
     """Printer-column values from a status: `12/20` steps, `2/3` ready/desired rollout replicas and
     the last mean reward (a number, whichever way the controller pod reported it)."""
-    progress = status.get("progress") or {}
-    rollout = status.get("rollout") or {}
-    total = progress.get("totalSteps") or total_steps
+    progress = _mapping(status.get("progress"))
+    rollout = _mapping(status.get("rollout"))
+    # The controller pod writes progress: each number clamped, whatever its type.
+    total = clamp_int(progress.get("totalSteps"), 0, MAX_COUNT) or total_steps
     out: dict[str, Any] = {
-        "step": f"{progress.get('step', 0)}/{total}",
-        "rollout": f"{rollout.get('ready', 0)}/{rollout.get('desired', 0)}",
+        "step": f"{clamp_int(progress.get('step'), 0, MAX_COUNT)}/{total}",
+        "rollout": f"{clamp_int(rollout.get('ready'), 0, MAX_COUNT)}/{clamp_int(rollout.get('desired'), 0, MAX_COUNT)}",
     }
     reward = progress.get("reward")
     if reward is None:  # the controller may report it among its metrics, as a string
-        reward = (progress.get("metrics") or {}).get("reward_mean")
+        reward = _mapping(progress.get("metrics")).get("reward_mean")
     try:
-        value = None if reward is None else float(reward)
-    except (TypeError, ValueError):
+        value = None if reward is None or isinstance(reward, bool) else float(reward)
+    except (TypeError, ValueError, OverflowError):
         value = None
     # None (a merge patch removes it) also for NaN/inf, which JSON cannot carry: a step whose
     # every sample failed its reward must not make every later status patch invalid.

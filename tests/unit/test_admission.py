@@ -235,11 +235,11 @@ def test_every_name_the_operator_derives_from_an_admitted_job_is_valid() -> None
     name = "a" * admission.MAX_JOB_NAME
     doc["metadata"]["name"] = name
     doc["spec"]["roles"]["reference"]["replicas"] = 100  # last pod: <50>-reference-99, 63 characters
-    doc["spec"]["roles"]["rollout"]["maxReplicas"] = 1000
+    doc["spec"]["roles"]["rollout"]["maxReplicas"] = 900  # the job within its 1024 pods
     assert admission.admit(doc)[1] == []
     label = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     assert re.match(admission.JOB_NAME_RE, name) and len(name) <= 63  # the headless Service, label values
-    last = {"actor": 2, "critic": 1, "reference": 100, "reward": 1, "rollout": 1000}
+    last = {"actor": 2, "critic": 1, "reference": 100, "reward": 1, "rollout": 900}
     for role, count in last.items():
         pod = contract.pod_name(name, role, count - 1)
         assert label.match(pod) and len(pod) <= 63, pod

@@ -75,6 +75,19 @@ PATTERN_HINTS = {
 }
 
 
+#: The most pods of one role (and of the rollout fleet's maxReplicas): the CRD's `maximum`. A
+#: replica count is a tenant's request for the shared operator's memory and API calls, so it is
+#: bounded where it is written. `MAX_PODS_PER_JOB` bounds the sum over roles (the controller pod
+#: included); an operator may set a lower bound of its own (`rlhf operator --max-pods-per-job`).
+MAX_REPLICAS = 1024
+MAX_PODS_PER_JOB = 1024
+#: Free-form fields (reward kwargs, custom algorithm params, pool tolerations/affinity): the
+#: deepest nesting and the most keys (the CRD's `maxProperties`) accepted. The API server cannot
+#: bound the depth of a free-form field; the Python loader (the operator's included) refuses it.
+MAX_FREE_FORM_DEPTH = 8
+MAX_FREE_FORM_PROPERTIES = 64
+
+
 class SpecError(ValueError):
     """An invalid manifest. `errors` holds one line per problem, each starting with the field path."""
 
@@ -1144,6 +1157,17 @@ class ResourcesSpec:
     )
 
 
+#: Pods a job can have at most, as CEL over the spec (the controller pod is the `1`).
+_JOB_PODS_CEL = (
+    "(1 + "
+    + " + ".join(
+        [f"self.roles.{r}.replicas" for r in ("actor", "critic", "reference", "reward")]
+        + ["self.roles.rollout.maxReplicas"]
+    )
+    + ")"
+)
+
+
 @dataclass
 class RoleSpec:
     """One role: `replicas` pods (or, locally, Ray workers), each a rank of the role's process group."""
@@ -1152,6 +1176,7 @@ class RoleSpec:
         1,
         doc="Pods of this role; each is one rank of the role's torch.distributed group.",
         minimum=0,
+        maximum=MAX_REPLICAS,
         immutable=True,
     )
     resources: ResourcesSpec = _f(ResourcesSpec, doc="Resources per pod.", immutable=True)
@@ -1170,10 +1195,13 @@ class RolloutRoleSpec:
     """The rollout fleet: elastic between `minReplicas` and `maxReplicas` (the CRD's /scale subresource)."""
 
     replicas: int = _f(
-        1, doc="Current rollout engines (the /scale subresource: kubectl scale, HPA, KEDA).", minimum=0
+        1,
+        doc="Current rollout engines (the /scale subresource: kubectl scale, HPA, KEDA).",
+        minimum=0,
+        maximum=MAX_REPLICAS,
     )
-    min_replicas: int = _f(1, doc="Lower bound for autoscaling.", minimum=0)
-    max_replicas: int = _f(1, doc="Upper bound for autoscaling.", minimum=1)
+    min_replicas: int = _f(1, doc="Lower bound for autoscaling.", minimum=0, maximum=MAX_REPLICAS)
+    max_replicas: int = _f(1, doc="Upper bound for autoscaling.", minimum=1, maximum=MAX_REPLICAS)
     resources: ResourcesSpec = _f(ResourcesSpec, doc="Resources per rollout pod.", immutable=True)
     node_pool: str | None = _f(
         None, doc="Name of an entry of `nodePools` to place the pods on.", immutable=True
@@ -1663,6 +1691,18 @@ class JobSpec:
             for where in _PLACED_PODS
             for key in ("name", "mountPath")
         ],
+        (
+            f"{_JOB_PODS_CEL} <= {MAX_PODS_PER_JOB}",
+            f"spec.roles: a job has at most {MAX_PODS_PER_JOB} pods (the controller, the replicas of every role "
+            "and rollout.maxReplicas)",
+            {
+                "fieldPath": ".roles",
+                "messageExpression": f"'spec.roles: a job has at most {MAX_PODS_PER_JOB} pods (the controller, "
+                "the replicas of every role and rollout.maxReplicas); this one asks for ' + "
+                + cel_int(_JOB_PODS_CEL)
+                + " + ' pods'",
+            },
+        ),
         (
             "self.failurePolicy.maxBackoffSeconds >= self.failurePolicy.backoffSeconds",
             "spec.failurePolicy.maxBackoffSeconds must be >= backoffSeconds",
@@ -2196,6 +2236,29 @@ def _check_bounds(value: Any, path: str, errs: list[str], meta: dict[str, Any]) 
             errs.append(f"{path}: {value!r} does not match {meta['pattern']}")
 
 
+def free_form_errors(value: Any, path: str, max_depth: int = MAX_FREE_FORM_DEPTH) -> list[str]:
+    """A free-form value nested deeper than `max_depth` (a scalar is depth 0, `{a: 1}` depth 1), or
+    a mapping with more than `MAX_FREE_FORM_PROPERTIES` keys, anywhere in it; the error names the
+    first such place. Walked with an explicit stack, so a value nested thousands deep is refused,
+    not a RecursionError."""
+    stack: list[tuple[Any, int, str]] = [(value, 0, path)]
+    while stack:
+        node, depth, where = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        if depth + 1 > max_depth:
+            return [f"{path}: nested deeper than {max_depth} levels (at {where}); valid: at most {max_depth}"]
+        if isinstance(node, dict) and len(node) > MAX_FREE_FORM_PROPERTIES:
+            return [
+                f"{where}: a mapping of {len(node)} keys; valid: at most {MAX_FREE_FORM_PROPERTIES} keys per mapping"
+            ]
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        stack.extend(
+            (v, depth + 1, f"{where}.{k}" if isinstance(node, dict) else f"{where}[{k}]") for k, v in items
+        )
+    return []
+
+
 def _build(cls: Any, data: dict[str, Any], path: str, errs: list[str]) -> Any:
     hints = _hints(cls)
     fields = {camel(f.name): f for f in dataclasses.fields(cls)}
@@ -2208,6 +2271,9 @@ def _build(cls: Any, data: dict[str, Any], path: str, errs: list[str]) -> Any:
         sub = f"{path}.{key}"
         if key in data:
             n = len(errs)
+            if f.metadata.get("free_form") and (deep := free_form_errors(data[key], sub)):
+                errs.extend(deep)  # before anything walks it: it may be nested too deep to walk
+                continue
             kwargs[f.name] = _convert(hints[f.name], data[key], sub, errs, dict(f.metadata))
             if "check" in f.metadata and len(errs) == n:
                 errs.extend(f.metadata["check"](kwargs[f.name], sub))
@@ -2236,6 +2302,17 @@ def parse_spec(spec: dict[str, Any], path: str = "spec") -> JobSpec:
     return typing.cast(JobSpec, job)
 
 
+#: Deepest nesting of a whole job document: the structured spec needs about 12 levels, a free-form
+#: field at its deepest place `MAX_FREE_FORM_DEPTH` more.
+MAX_DOCUMENT_DEPTH = 32
+
+
+def _too_deep(doc: dict[str, Any]) -> list[str]:
+    """The document's spec nested deeper than `MAX_DOCUMENT_DEPTH` below `spec`, named by its path
+    (the status's schema has no free-form field: the API server bounds its depth)."""
+    return free_form_errors(doc.get("spec"), "spec", MAX_DOCUMENT_DEPTH)
+
+
 def parse_job(
     doc: dict[str, Any], old: dict[str, Any] | None = None, *, admitted: bool = False
 ) -> RLTrainingJob:
@@ -2253,6 +2330,8 @@ def parse_job(
     errs = []
     if not isinstance(doc, dict):
         raise SpecError([f"manifest: expected a mapping, got {type(doc).__name__}"])
+    if deep := _too_deep(doc):  # before any recursive walk (defaulting, CEL) meets it
+        raise SpecError(deep)
     from rlhf_trainer import admission
 
     # As the API server: a null where the schema allows none is dropped (then defaulted).
@@ -2339,9 +2418,13 @@ def _schema_for(tp: Any, meta: dict[str, Any]) -> dict[str, Any]:
     if "schema" in meta:
         out = meta["schema"]()
     elif meta.get("free_form"):
-        out = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-        if origin is list:
-            out = {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+        # The API server bounds the keys, not the depth (`free_form_errors` does, in the loader).
+        free = {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "maxProperties": MAX_FREE_FORM_PROPERTIES,
+        }
+        out = {"type": "array", "items": free} if origin is list else dict(free)
     elif dataclasses.is_dataclass(inner):
         out = openapi_schema(inner)
     elif origin is Literal:

@@ -98,10 +98,14 @@ def test_scale_subresource_and_printer_columns() -> None:
     ]
 
 
-def test_status_has_no_defaults_and_keeps_unknown_progress_keys() -> None:
+def test_status_has_no_defaults_and_no_free_form_field() -> None:
+    """The controller pod writes `status.progress`: a structured schema, so the API server prunes
+    unknown keys and bounds every size and the depth of whatever the pod sends."""
     status = version()["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert all("default" not in s for _, s in walk(status))
-    assert status["properties"]["progress"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert not [p for p, s in walk(status) if s.get("x-kubernetes-preserve-unknown-fields")]
+    metrics = status["properties"]["progress"]["properties"]["metrics"]
+    assert metrics["maxProperties"] == 64 and metrics["additionalProperties"]["maxLength"] == 64
     assert status["properties"]["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
 
 
@@ -149,3 +153,24 @@ def test_any_change_to_a_rule_changes_the_digest() -> None:
     root = spec["versions"][0]["schema"]["openAPIV3Schema"]
     root["x-kubernetes-validations"][0]["rule"] += " && true"
     assert crd.schema_digest(spec) != crd.expected_schema_digest()
+
+
+def test_every_progress_key_the_trainer_writes_is_in_the_schema() -> None:
+    """With a structured `status.progress`, the API server prunes what the schema does not name:
+    the trainer's own reporter must write only named keys, and values within their bounds."""
+    from rlhf_trainer.run_cli import StatusReporter
+
+    metrics = {
+        "reward/mean": 0.75,
+        "actor/kl": 1e-3,
+        "timing/step": 12.5,
+        "perf/samples_per_second": 1e6,
+        "actor/policy_version": 7,
+        "eval/reward_mean": -1e300,
+        "eval/step": 4,
+    }
+    progress = StatusReporter(None, "j", "ns").progress(3, 20, metrics)["status"]["progress"]
+    schema = version()["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["progress"]
+    assert set(progress) <= set(schema["properties"]), set(progress) - set(schema["properties"])
+    bound = schema["properties"]["metrics"]["additionalProperties"]["maxLength"]
+    assert progress["metrics"] and all(len(v) <= bound for v in progress["metrics"].values())
