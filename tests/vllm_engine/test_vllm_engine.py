@@ -94,9 +94,10 @@ def test_ipc_weight_source_as_the_gpu_path_builds_it(tiny_model_dir, tmp_path):
     out = _run_check("ipc", str(tiny_model_dir), str(tmp_path), str(1 << 10))
     names = out["param_names"]
     assert names and out["metadata_names"] == names, out["metadata_names"]
+    assert "lm_head.weight" in names  # tied: under both names, as a colocated actor pushes them
     assert out["yielded"] == names  # every parameter, in metadata order
     assert out["exact"], "the source yielded other values than it was given"
-    assert out["yielded_dtypes"] == ["torch.bfloat16"]  # cast to the served dtype...
+    assert out["yielded_dtypes"] == out["metadata_dtypes"] == ["torch.bfloat16"]  # the served dtype...
     assert out["yielded_devices"] == ["cpu"]  # ...where the tensors were: no device copy
     # Streamed: while a tensor is being sent, no earlier one is still held.
     assert out["alive_bytes"] == out["tensor_bytes"], out["alive_bytes"]
@@ -121,6 +122,11 @@ def test_engine_arguments_of_every_path_are_vllms(tiny_model_dir, tmp_path):
     assert tp1["gpu_memory_utilization"] == 0.5 and tp1["logprobs_mode"].endswith("processed_logprobs")
     assert cpu["transfer"] == "reload" and "enforce_eager" in cpu["keys"]
     assert "weight_transfer_config" not in cpu["keys"]
+    # vLLM configures the GPU TP-1 engine on CPU too (only the device is left to start), and
+    # refuses sleep mode for the CPU platform it runs on here, naming it.
+    assert tp1["config"] == "ok: WeightTransferConfig(backend='ipc')", tp1["config"]
+    assert cpu["config"].startswith("ok"), cpu["config"]
+    assert sleep["config"].startswith("refused") and "Sleep mode" in sleep["config"], sleep["config"]
 
 
 def test_named_weights_verify_a_sync(tiny_model_dir, tmp_path):

@@ -28,7 +28,9 @@ the source holds alive: at most one.
 
 `engine_args` (no engine): the GPU path's `LLM` arguments (`engine_kwargs(on_cpu=False)`, TP 1
 with and without sleep mode, TP 2) bound to `vllm.LLM.__init__`'s signature and built into
-vLLM's `EngineArgs` (an unknown or renamed argument raises there); the CPU path's as well.
+vLLM's `EngineArgs` (an unknown or renamed argument raises there), then configured by vLLM
+(`create_engine_config`, which validates the values; sleep mode is refused on CPU, which has
+none); the CPU path's as well.
 
 `verify`: a CPU engine after an update returns, through `named_weights`, exactly the weights
 it was given (the digest a weight sync's `verify` compares with the actor's).
@@ -171,7 +173,7 @@ def ipc(model_dir: Path, scratch: Path, bucket_arg: str) -> dict[str, Any]:
         weight_source,
     )
 
-    params = param_metadata(str(model_dir), "float32")
+    params = param_metadata(str(model_dir), "bfloat16")  # a bf16 engine
     source = weight_source(params)  # as `_init_ipc` builds it
     assert isinstance(source, base.WeightSource), type(source).__mro__
     expected: dict[str, torch.Tensor] = {}
@@ -276,6 +278,13 @@ def engine_args(model_dir: Path, scratch: Path, _: str) -> dict[str, Any]:
         )
         llm_sig.bind(None, **kwargs)  # TypeError on an argument LLM does not take
         args = EngineArgs(**kwargs)  # TypeError on one EngineArgs lacks
+        config = ""
+        if label != "gpu_tp2":  # (TP 2 needs 2 devices to be configured)
+            try:  # vLLM's own validation of every value (model, dtype, logprobs mode, backend)
+                built = args.create_engine_config()
+                config = f"ok: {built.weight_transfer_config}"
+            except ValueError as err:  # pydantic's ValidationError is one
+                config = f"refused: {err}"
         wt = args.weight_transfer_config
         out[label] = {
             "transfer": transfer,
@@ -285,6 +294,7 @@ def engine_args(model_dir: Path, scratch: Path, _: str) -> dict[str, Any]:
             "gpu_memory_utilization": args.gpu_memory_utilization,
             "logprobs_mode": str(args.logprobs_mode),
             "tp": args.tensor_parallel_size,
+            "config": config,
         }
     out["ipc_registered"] = "ipc" in WeightTransferEngineFactory._registry
     return out

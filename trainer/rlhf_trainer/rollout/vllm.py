@@ -472,14 +472,15 @@ def release_cached_gpu_memory() -> None:
 
 
 def param_metadata(model_path: str, dtype: str) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
-    """(name, served dtype, shape) of every parameter of the model, from its config alone (built on
-    the meta device: no weights read, no memory)."""
+    """(name, served dtype, shape) of every weight of the model's `state_dict()` (tied weights under
+    both names, as a colocated actor pushes them), from its config alone (built on the meta
+    device: no weights read, no memory)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype))
-    return [(n, p.dtype, tuple(p.shape)) for n, p in model.named_parameters()]
+    return [(n, p.dtype, tuple(p.shape)) for n, p in model.state_dict().items()]
 
 
 def ipc_bucket(params: list[tuple[str, torch.dtype, tuple[int, ...]]], bucket_bytes: int) -> int:
