@@ -12,12 +12,18 @@ the CPU backend repacks come out right): the engine keeps a host copy of the ful
 (every name, tied weights under both names), applies the update to it, writes it as safetensors
 under /dev/shm and has every worker reload from there.
 
-**GPU** (written against vLLM's documented RL weight-transfer API; NOT run here, no GPU was
-lent): the engine is built with `weight_transfer_config={"backend": "ipc"}`, and `load_weights`
+**GPU** (written against vLLM 0.32's RL weight-transfer API, the pinned minor; NOT run on a GPU
+here): the engine is built with `weight_transfer_config={"backend": "ipc"}`, and `load_weights`
 runs the four-phase protocol (`start_weight_update`, `update_weights`, `finish_weight_update`)
-through vLLM's trainer-side `IPCTrainerWeightTransferEngine`, handing CUDA IPC handles of the
-received tensors to vLLM's workers on the same GPU. With tensor parallelism over several GPUs
-(IPC handles are per GPU) it falls back to the in-place reload from /dev/shm, as on CPU.
+through vLLM's trainer-side `IPCTrainerWeightTransferEngine` in packed mode: the weight source
+yields the given tensors one at a time where they are (host tensors stay on the host), and vLLM
+copies each into one GPU staging buffer (`ipc_bucket`) whose CUDA IPC handle goes to its workers
+per chunk, so an update adds that buffer to the GPU, never a copy of the model. With tensor
+parallelism over several GPUs (IPC handles are per GPU) it falls back to the in-place reload from
+/dev/shm, as on CPU. Everything the GPU path builds before the device is touched (`engine_kwargs`,
+`weight_source`, `ipc_init_info`) needs no CUDA and is checked against the installed vLLM in the
+vLLM test env (tests/vllm_engine). torch's cached CUDA blocks are returned before an engine wakes
+and after every update (`release_cached_gpu_memory`): vLLM allocates outside torch's allocator.
 
 **Colocated on a GPU** (`sleep_mode`, NOT run here): the engine is built with
 `enable_sleep_mode=True` and sleeps (level 1: weights offloaded to host memory, KV cache dropped)
