@@ -91,7 +91,12 @@ class RolloutWorker(Worker):
         model = getattr(self.engine, "model", None)
         if isinstance(model, torch.nn.Module):
             return tensor_digest(model.named_parameters())
-        return tensor_digest(self.engine.named_weights(names))
+        named_weights = getattr(self.engine, "named_weights", None)  # vllm's
+        if named_weights is None:
+            raise RuntimeError(
+                f"verify: rollout engine {type(self.engine).__name__} exposes no weights to hash"
+            )
+        return tensor_digest(named_weights(names))
 
     def generate(
         self,
