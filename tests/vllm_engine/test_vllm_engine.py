@@ -87,6 +87,56 @@ def test_sampled_log_probs_match_the_trainer(temperature, tiny_model_dir, tmp_pa
     assert out["max_abs_diff"] < 1e-4, out
 
 
+def test_ipc_weight_source_as_the_gpu_path_builds_it(tiny_model_dir, tmp_path):
+    """The CUDA IPC weight source and init info of a TP-1 GPU engine, built by the same functions
+    `_init_ipc` calls, against the installed vLLM's own interface: a vLLM whose `WeightSource`,
+    `IPCTrainerInitInfo` or update payload changed fails here, on CPU."""
+    out = _run_check("ipc", str(tiny_model_dir), str(tmp_path), str(1 << 10))
+    names = out["param_names"]
+    assert names and out["metadata_names"] == names, out["metadata_names"]
+    assert "lm_head.weight" in names  # tied: under both names, as a colocated actor pushes them
+    assert out["yielded"] == names  # every parameter, in metadata order
+    assert out["exact"], "the source yielded other values than it was given"
+    assert out["yielded_dtypes"] == out["metadata_dtypes"] == ["torch.bfloat16"]  # the served dtype...
+    assert out["yielded_devices"] == ["cpu"]  # ...where the tensors were: no device copy
+    # Streamed: while a tensor is being sent, no earlier one is still held.
+    assert out["alive_bytes"] == out["tensor_bytes"], out["alive_bytes"]
+    assert out["trainer_init_params"][0] == "init_info"
+    assert {"client", "source"} <= set(out["trainer_init_params"])
+    # A 1 KiB bucket is raised to the largest parameter (vLLM sends a tensor whole).
+    assert out["bucket"] == max(1 << 10, out["largest_param_bytes_bf16"])
+    assert out["init_info"] == {"rank": 0, "packed": True, "bucket": out["bucket"]}
+    assert out["client_is_protocol"]
+    assert out["parsed_handles"] and out["parsed_sizes"] == [4, 4]
+
+
+def test_engine_arguments_of_every_path_are_vllms(tiny_model_dir, tmp_path):
+    """`LLM(**engine_kwargs(...))` for the GPU paths (TP 1 with IPC, colocated with sleep mode, TP 2
+    with the reload) and the CPU path: every argument is one vLLM's `LLM`/`EngineArgs` take."""
+    out = _run_check("engine_args", str(tiny_model_dir), str(tmp_path), "-")
+    assert out["ipc_registered"]
+    tp1, sleep, tp2, cpu = out["gpu_tp1"], out["gpu_tp1_sleep"], out["gpu_tp2"], out["cpu"]
+    assert (tp1["transfer"], tp1["weight_transfer"], tp1["sleep"]) == ("ipc", "ipc", False)
+    assert (sleep["transfer"], sleep["sleep"]) == ("ipc", True)
+    assert (tp2["transfer"], tp2["weight_transfer"], tp2["tp"]) == ("reload", None, 2)
+    assert tp1["gpu_memory_utilization"] == 0.5 and tp1["logprobs_mode"].endswith("processed_logprobs")
+    assert cpu["transfer"] == "reload" and "enforce_eager" in cpu["keys"]
+    assert "weight_transfer_config" not in cpu["keys"]
+    # vLLM configures the GPU TP-1 engine on CPU too (only the device is left to start), and
+    # refuses sleep mode for the CPU platform it runs on here, naming it.
+    assert tp1["config"] == "ok: WeightTransferConfig(backend='ipc')", tp1["config"]
+    assert cpu["config"].startswith("ok"), cpu["config"]
+    assert sleep["config"].startswith("refused") and "Sleep mode" in sleep["config"], sleep["config"]
+
+
+def test_named_weights_verify_a_sync(tiny_model_dir, tmp_path):
+    """A weight sync's `verify` digests the engine's weights by the names the actor streamed."""
+    out = _run_check("verify", str(tiny_model_dir), str(tmp_path), "-")
+    assert out["before_equals_actor"], out
+    assert out["after_equals_actor"] and out["changed"], out
+    assert "no.such.weight" in out["unknown_error"]
+
+
 def test_quickstart_learns_with_vllm(tiny_model_dir, tmp_path):
     """The quickstart with `rollout.engine: vllm` (colocated: a vLLM engine in the actor's
     process, refreshed after every update) through `rlhf run`: the mean reward rises."""

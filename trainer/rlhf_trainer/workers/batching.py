@@ -21,12 +21,14 @@ def row_count(batch: dict[str, Tensor]) -> int:
 
 
 def select_rows(batch: Mapping[str, Any], rows: Tensor) -> dict[str, Any]:
-    """The sub-batch of `rows`: per-row tensors are indexed, scalars kept."""
+    """The sub-batch of `rows`: per-row tensors are indexed, scalars kept. The index follows each
+    tensor's device (a batch can hold CPU tensors beside the model's; a CUDA index into a CPU
+    tensor raises)."""
     n = int(batch["response_mask"].shape[0])
     out: dict[str, Any] = {}
     for key, value in batch.items():
         if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] == n:
-            out[key] = value[rows]
+            out[key] = value[rows.to(value.device)]
         else:
             out[key] = value
     return out

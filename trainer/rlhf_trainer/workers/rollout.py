@@ -82,14 +82,23 @@ class RolloutWorker(Worker):
         self.version = int(stats.version)
         out: dict[str, Any] = {"version": self.version, "seconds": time.perf_counter() - t0}
         if verify:
-            out["digest"] = self.weights_digest()
+            out["digest"] = self.weights_digest(sink.received)
         return out
 
-    def weights_digest(self) -> str:
-        """SHA-256 of the engine's parameters (`sync.tensor_digest`)."""
+    def weights_digest(self, names: list[str]) -> str:
+        """SHA-256 of the engine's parameters (`sync.tensor_digest`): an engine with a module (hf)
+        hashes its parameters; one without (vllm) its weights of `names`, the sync's."""
         from rlhf_trainer.sync import tensor_digest
 
-        return tensor_digest(getattr(self.engine, "model").named_parameters())  # noqa: B009 - HF engine
+        model = getattr(self.engine, "model", None)
+        if isinstance(model, torch.nn.Module):
+            return tensor_digest(model.named_parameters())
+        named_weights = getattr(self.engine, "named_weights", None)  # vllm's
+        if named_weights is None:
+            raise RuntimeError(
+                f"verify: rollout engine {type(self.engine).__name__} exposes no weights to hash"
+            )
+        return tensor_digest(named_weights(names))
 
     def generate(
         self,
