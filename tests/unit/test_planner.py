@@ -250,7 +250,7 @@ def test_a_hub_id_is_read_from_the_local_hub_cache(tmp_path: Path, monkeypatch: 
     (snap / "config.json").write_text((CONFIGS / "Qwen2.5-7B-Instruct.json").read_text())
     (snap.parent.parent / "refs").mkdir()
     (snap.parent.parent / "refs" / "main").write_text("abc123")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))  # its owner
     shape = planner.local_shape("Qwen/Qwen2.5-7B-Instruct")
     assert shape is not None and shape.heads == 28 and shape.source == str(snap / "config.json")
     assert planner.local_shape("Qwen/not-cached") is None

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rlhf_trainer.spec import roles_in_use
 
 GIB = 1024**3
 MIB = 1024**2
@@ -162,12 +163,13 @@ class ModelShape:
 
 
 def hub_cache_dirs() -> list[Path]:
-    """Where the Hugging Face hub cache may be (its documented variables, then the default)."""
-    dirs = [os.environ.get("HF_HUB_CACHE"), os.environ.get("HUGGINGFACE_HUB_CACHE")]
-    home = os.environ.get("HF_HOME")
-    dirs.append(str(Path(home) / "hub") if home else None)
-    dirs.append(str(Path("~/.cache/huggingface/hub").expanduser()))
-    return [Path(d) for d in dirs if d]
+    """Where the Hugging Face hub cache is: huggingface_hub's own answer (HF_HUB_CACHE, HF_HOME,
+    the default; it owns that rule), else its documented default where the library is absent."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return [Path("~/.cache/huggingface/hub").expanduser()]
+    return [Path(constants.HF_HUB_CACHE).expanduser()]
 
 
 def find_config(path: str) -> Path | None:
@@ -328,10 +330,11 @@ def plan_job(
         spec, _role_gpus(spec, nodes, plan), _shape(shape_of, spec.model.path, "spec.model.path", plan), plan
     )
     _check_rollout_shapes(ctx)
+    in_use = roles_in_use(spec)  # the operator's own rule: no memory planned for pods never made
     _check_training(ctx, "actor")
-    if _uses_critic(spec):
+    if "critic" in in_use:
         _check_training(ctx, "critic")
-    if spec.roles.reference.replicas and spec.model.lora is None:
+    if "reference" in in_use and spec.model.lora is None:
         _check_reference(ctx)
     _check_reward(ctx, shape_of)
     _check_engine(ctx)
@@ -341,10 +344,6 @@ def plan_job(
 def _gpu_roles(spec: Any) -> list[str]:
     roles = ["actor", "critic", "reference", "reward"]
     return roles + (["rollout"] if spec.roles.placement == "disaggregated" else [])
-
-
-def _uses_critic(spec: Any) -> bool:
-    return bool(spec.roles.critic.replicas)
 
 
 def _shape(shape_of: ShapeOf, path: str, where: str, plan: Plan) -> ModelShape | None:
