@@ -65,6 +65,10 @@ PROBE_PREFIX = ".probe-"
 CONTROLLER = "controller"
 STATE_FILE = "trainer_state.json"
 FORMAT = 1
+#: A sharded part's DCP checkpoint directory (`torch.distributed.checkpoint`), and the `format`
+#: its `state.json` names.
+SHARDS_DIR = "dcp"
+SHARDED_FORMAT = "dcp"
 _STEP = re.compile(r"^step-(\d+)$")
 
 #: The writer of a role's part returns what its rank 0 wrote (the part marker's content).
@@ -91,18 +95,39 @@ def write_part(staging: str | Path, part: str, write: Callable[[Path], None]) ->
     marker (file sizes, host) is written last. `staging` must already exist: it is created by
     the controller, so a pod that does not see it is not on the shared volume.
     """
+    out = prepare_part(staging, part)
+    write(out)
+    return finish_part(out, part)
+
+
+def staging_problem(staging: str | Path, part: str) -> str | None:
+    """Why this pod cannot write into the controller's staging directory (None when it can)."""
     root = Path(staging)
-    if not root.is_dir():
-        raise CheckpointError(
-            f"checkpoint staging directory {root} does not exist on host {socket.gethostname()}: the "
-            "controller created it there, so spec.checkpoint.dir is not a volume mounted at the same "
-            f"path in this {part} pod and the controller pod"
-        )
-    out = root / part
+    if root.is_dir():
+        return None
+    return (
+        f"checkpoint staging directory {root} does not exist on host {socket.gethostname()}: the "
+        "controller created it there, so spec.checkpoint.dir is not a volume mounted at the same "
+        f"path in this {part} pod and the controller pod"
+    )
+
+
+def prepare_part(staging: str | Path, part: str) -> Path:
+    """An empty `staging/<part>/` (a retried write of the same save starts over), for the role's
+    rank 0; with sharded checkpoints every rank then writes its shards into it."""
+    problem = staging_problem(staging, part)
+    if problem:
+        raise CheckpointError(problem)
+    out = Path(staging) / part
     if out.exists():  # a retried write of the same save
         shutil.rmtree(out)
     out.mkdir()
-    write(out)
+    return out
+
+
+def finish_part(out: Path, part: str) -> PartInfo:
+    """Flush every file of the part directory `out` to disk, then write its `PART` marker (file
+    sizes, host) last and return it. Called by rank 0 once every rank's files are written."""
     files = {}
     for path in sorted(p for p in out.rglob("*") if p.is_file()):
         _fsync_file(path)
@@ -112,6 +137,25 @@ def write_part(staging: str | Path, part: str, write: Callable[[Path], None]) ->
     info: PartInfo = {"part": part, "files": files, "host": socket.gethostname(), "time": time.time()}
     _write_json(out / PART_MARKER, info)
     return info
+
+
+def shards_problem(directory: Path, metadata: Any, hosts: list[str]) -> str | None:
+    """Why rank 0 does not see every file of the DCP checkpoint `directory` its ranks wrote (None
+    when it does): each file DCP's `metadata` names must be there, at least as long as the last
+    byte it says it holds. `hosts`: each rank's host, for the error."""
+    ends: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        path = directory / name
+        size = path.stat().st_size if path.is_file() else None
+        if size is None or size < end:
+            seen = "is missing" if size is None else f"has {size} bytes, its ranks wrote {end}"
+            return (
+                f"{path} {seen} on host {socket.gethostname()} (rank 0); the ranks ran on hosts "
+                f"{', '.join(hosts)}: spec.checkpoint.dir must be one volume mounted at the same path in every pod"
+            )
+    return None
 
 
 def part_problem(step_dir: str | Path, part: str, reported: PartInfo | None = None) -> str | None:
