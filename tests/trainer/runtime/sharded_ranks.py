@@ -51,21 +51,32 @@ def build(role: str, model: Path, rank: int, world: int) -> Any:
     return cls(spec_for(model, critic=role == "critic"), rank=rank, world_size=world, device="cpu")
 
 
-def spy_broadcast_load(record: dict[str, Any]) -> Any:
-    """Wrap the documented `set_model_state_dict`: note, at the call, whether this rank's model is
-    still all meta and how many tensors this rank passes in (the broadcast gives the rest)."""
+def spy_loading(record: dict[str, Any]) -> list[tuple[Any, str, Any]]:
+    """Wrap `modeling.shard_model` and the documented `set_model_state_dict`: note whether the
+    model is all meta when it is sharded, whether each parameter holds only its shard when the
+    broadcast starts, and how many tensors this rank passes in (the broadcast gives the rest).
+    Returns what to put back."""
     from torch.distributed.checkpoint import state_dict as dsd
 
-    real = dsd.set_model_state_dict
+    from rlhf_trainer.workers import modeling
 
-    def spy(model: Any, state: Any, options: Any = None) -> Any:
-        record["meta_before"] = all(p.is_meta for p in model.parameters())
+    real_load, real_shard = dsd.set_model_state_dict, modeling.shard_model
+
+    def shard(model: Any, *args: Any) -> Any:
+        record["meta_at_shard"] = all(p.is_meta for p in model.parameters())
+        return real_shard(model, *args)
+
+    def load(model: Any, state: Any, options: Any = None) -> Any:
+        params = list(model.parameters())
+        record["local_at_load"] = all(
+            not p.is_meta and p.to_local().numel() * 2 == p.numel() for p in params if p.shape[0] % 2 == 0
+        )
         record["tensors_given"] = len(state)
         record["broadcast"] = bool(options is not None and options.broadcast_from_rank0)
-        return real(model, state, options=options)
+        return real_load(model, state, options=options)
 
-    dsd.set_model_state_dict = spy
-    return real
+    dsd.set_model_state_dict, modeling.shard_model = load, shard
+    return [(dsd, "set_model_state_dict", real_load), (modeling, "shard_model", real_shard)]
 
 
 def local_state(worker: Any) -> dict[str, torch.Tensor]:
@@ -143,17 +154,17 @@ def _save_rank(rank: int, world: int, port: int, role: str, model: str, out: str
     record: dict[str, Any] = {}
     worker = build(role, Path(model), rank, world)
     worker.init_group(("127.0.0.1", port))
-    real = spy_broadcast_load(record)
+    restore = spy_loading(record)
     worker.setup()
-    from torch.distributed.checkpoint import state_dict as dsd
-
-    dsd.set_model_state_dict = real
+    for owner, name, real in restore:
+        setattr(owner, name, real)
     record["loaded"] = local_state(worker)
     record["today"] = todays_local_state(role, Path(model))
     record["tied"] = role == "actor" and worker.model.lm_head.weight is worker.model.model.embed_tokens.weight
     rows = batch(worker.model.config.vocab_size if role == "actor" else worker.model.backbone.config.vocab_size)
     worker.train_batch(rows, 0, loss_of(worker))
     root = Path(out).parent / "checkpoints"
+    record["at_save"] = full_weights(worker)
     record["published"] = publish(worker, root, 1)
     record["metrics"] = worker.train_batch(rows, 1, loss_of(worker))
     record["after"] = full_weights(worker)
