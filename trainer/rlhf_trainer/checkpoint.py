@@ -12,6 +12,12 @@ pod)::
         config.json                    the policy's transformers config (and generation_config.json)
         tokenizer/                     the tokenizer (`rlhf export` needs nothing else)
         PART                           written last: the part's files and their sizes
+      actor/                           sharded instead with several FSDP2 ranks (no LoRA):
+        dcp/                           a torch.distributed.checkpoint of the model and AdamW state:
+          __<rank>_0.distcp            each rank's shards, written by that rank
+          .metadata                    written by rank 0 after every rank wrote
+        state.json                     {"format": "dcp", "scheduler": ...}
+        config.json, tokenizer/, PART  as above, by rank 0 (PART lists every rank's files)
       critic/                          the same for the critic (PPO), without config and tokenizer
       controller/                      written by the controller
         trainer_state.json             step, policy version, data position, algorithm state
@@ -25,7 +31,8 @@ pod)::
     .staging-step-000030-<token>/      a checkpoint being written (the same layout, no COMPLETE)
 
 `save` makes a fresh staging directory inside the checkpoint directory, asks each trained
-role to write its part there (every rank gathers the sharded state; rank 0 writes), checks that
+role to write its part there (gathered: every rank gathers the sharded state and rank 0 writes;
+sharded: every rank writes its own shards, then rank 0 the part marker), checks that
 it can see every part a rank 0 reported (same files, same sizes: a volume that is not really
 shared fails here, naming the host), writes its own part, renames the staging directory to
 `step-NNNNNN` and writes `COMPLETE` into it. Only a directory whose `COMPLETE` marker parses and

@@ -50,11 +50,18 @@ def _check_resume(saved: list[dict[str, Any]], resumed: list[dict[str, Any]], st
     total = sum(shards.values())
     for rank in range(2):
         assert resumed[rank]["metrics"] == saved[rank]["metrics"]  # the exact next step
-        _assert_same(resumed[rank]["after"], saved[rank]["after"])
+        _assert_same(resumed[rank]["after"], saved[rank]["after"])  # rank 0 gets the full weights
         shapes = resumed[rank]["optimizer_shapes"]
-        assert shapes and all(local[0] * 2 == full[0] for local, full in shapes.values()), shapes
+        assert shapes and all(local[0] == _shard_rows(full[0], rank) for local, full in shapes.values()), shapes
+        assert any(full[0] > 1 for _, full in shapes.values())
         read = sum(resumed[rank]["read"].values())
         assert 0 < read < 0.6 * total, (rank, resumed[rank]["read"], shards)
+
+
+def _shard_rows(rows: int, rank: int, world: int = 2) -> int:
+    """The rows of dim 0 FSDP2 gives `rank` (torch.chunk's split: a (1, H) head is all on rank 0)."""
+    chunks = torch.arange(rows).chunk(world)
+    return len(chunks[rank]) if rank < len(chunks) else 0
 
 
 @pytest.mark.parametrize("role", ["actor", "critic"])
@@ -62,6 +69,7 @@ def test_two_ranks_load_from_rank0_save_shards_and_resume_the_exact_next_step(ro
     model = save_tiny_model(tmp_path / "model")
     saved = sr.spawn(sr._save_rank, role, model, tmp_path / "save.pt")
     _check_loading(saved)
+    assert saved[0]["after"] and not saved[1]["after"]  # full weights gathered on rank 0 only
     if role == "actor":
         assert all(r["tied"] for r in saved)
     step_dir = saved[0]["published"]
@@ -113,5 +121,6 @@ def test_a_gathered_checkpoint_still_resumes_two_sharded_ranks(tmp_path):
     for record in resumed:
         assert record["read"] == {}  # no DCP read: the gathered files
         assert record["metrics"]["actor/loss"] == pytest.approx(metrics["actor/loss"], rel=1e-5)
-        for name, value in after.items():
-            torch.testing.assert_close(record["after"][name], value, rtol=1e-5, atol=1e-6)
+    assert set(resumed[0]["after"]) == set(after)  # the full weights: on rank 0
+    for name, value in after.items():
+        torch.testing.assert_close(resumed[0]["after"][name], value, rtol=1e-5, atol=1e-6)
