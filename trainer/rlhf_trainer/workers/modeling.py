@@ -70,12 +70,14 @@ class ValueModel(nn.Module):
         from transformers import AutoModel
 
         check_model_dir(path, "spec.model.criticPath")
-        if meta:  # the skeleton of a rank that gets its weights by broadcast (`load_policy`)
-            self.backbone = _on_meta(lambda config: AutoModel.from_config(config, dtype=DTYPES[dtype]), path)
-        else:
-            self.backbone = AutoModel.from_pretrained(path, dtype=DTYPES[dtype])
+        backbone: Any = (  # meta: the skeleton of a rank that gets its weights by broadcast
+            _on_meta(lambda config: AutoModel.from_config(config, dtype=DTYPES[dtype]), path)
+            if meta
+            else AutoModel.from_pretrained(path, dtype=DTYPES[dtype])
+        )
+        self.backbone = backbone
         disable_dropout(self.backbone)
-        hidden = self.backbone.config.hidden_size
+        hidden = backbone.config.hidden_size
         device = torch.device("meta") if meta else None
         self.value_head = nn.Linear(hidden, 1, dtype=DTYPES[dtype], device=device)
         nn.init.zeros_(self.value_head.weight)  # start at V = 0: a neutral baseline
@@ -575,8 +577,6 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, directory: 
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    state = {MODEL_KEY: model_state, OPTIMIZER_KEY: optim_state}
-    dcp.load(state, storage_reader=checkpoint_reader(directory))
-    set_state_dict(
-        model, optimizer, model_state_dict=state[MODEL_KEY], optim_state_dict=state[OPTIMIZER_KEY]
-    )
+    # DCP loads in place: into the tensors of these two dicts
+    dcp.load({MODEL_KEY: model_state, OPTIMIZER_KEY: optim_state}, storage_reader=checkpoint_reader(directory))
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
