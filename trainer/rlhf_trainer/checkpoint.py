@@ -12,6 +12,12 @@ pod)::
         config.json                    the policy's transformers config (and generation_config.json)
         tokenizer/                     the tokenizer (`rlhf export` needs nothing else)
         PART                           written last: the part's files and their sizes
+      actor/                           sharded instead with several FSDP2 ranks (no LoRA):
+        dcp/                           a torch.distributed.checkpoint of the model and AdamW state:
+          __<rank>_0.distcp            each rank's shards, written by that rank
+          .metadata                    written by rank 0 after every rank wrote
+        state.json                     {"format": "dcp", "scheduler": ...}
+        config.json, tokenizer/, PART  as above, by rank 0 (PART lists every rank's files)
       critic/                          the same for the critic (PPO), without config and tokenizer
       controller/                      written by the controller
         trainer_state.json             step, policy version, data position, algorithm state
@@ -25,7 +31,8 @@ pod)::
     .staging-step-000030-<token>/      a checkpoint being written (the same layout, no COMPLETE)
 
 `save` makes a fresh staging directory inside the checkpoint directory, asks each trained
-role to write its part there (every rank gathers the sharded state; rank 0 writes), checks that
+role to write its part there (gathered: every rank gathers the sharded state and rank 0 writes;
+sharded: every rank writes its own shards, then rank 0 the part marker), checks that
 it can see every part a rank 0 reported (same files, same sizes: a volume that is not really
 shared fails here, naming the host), writes its own part, renames the staging directory to
 `step-NNNNNN` and writes `COMPLETE` into it. Only a directory whose `COMPLETE` marker parses and
@@ -65,6 +72,10 @@ PROBE_PREFIX = ".probe-"
 CONTROLLER = "controller"
 STATE_FILE = "trainer_state.json"
 FORMAT = 1
+#: A sharded part's DCP checkpoint directory (`torch.distributed.checkpoint`), and the `format`
+#: its `state.json` names.
+SHARDS_DIR = "dcp"
+SHARDED_FORMAT = "dcp"
 _STEP = re.compile(r"^step-(\d+)$")
 
 #: The writer of a role's part returns what its rank 0 wrote (the part marker's content).
@@ -91,18 +102,39 @@ def write_part(staging: str | Path, part: str, write: Callable[[Path], None]) ->
     marker (file sizes, host) is written last. `staging` must already exist: it is created by
     the controller, so a pod that does not see it is not on the shared volume.
     """
+    out = prepare_part(staging, part)
+    write(out)
+    return finish_part(out, part)
+
+
+def staging_problem(staging: str | Path, part: str) -> str | None:
+    """Why this pod cannot write into the controller's staging directory (None when it can)."""
     root = Path(staging)
-    if not root.is_dir():
-        raise CheckpointError(
-            f"checkpoint staging directory {root} does not exist on host {socket.gethostname()}: the "
-            "controller created it there, so spec.checkpoint.dir is not a volume mounted at the same "
-            f"path in this {part} pod and the controller pod"
-        )
-    out = root / part
+    if root.is_dir():
+        return None
+    return (
+        f"checkpoint staging directory {root} does not exist on host {socket.gethostname()}: the "
+        "controller created it there, so spec.checkpoint.dir is not a volume mounted at the same "
+        f"path in this {part} pod and the controller pod"
+    )
+
+
+def prepare_part(staging: str | Path, part: str) -> Path:
+    """An empty `staging/<part>/` (a retried write of the same save starts over), for the role's
+    rank 0; with sharded checkpoints every rank then writes its shards into it."""
+    problem = staging_problem(staging, part)
+    if problem:
+        raise CheckpointError(problem)
+    out = Path(staging) / part
     if out.exists():  # a retried write of the same save
         shutil.rmtree(out)
     out.mkdir()
-    write(out)
+    return out
+
+
+def finish_part(out: Path, part: str) -> PartInfo:
+    """Flush every file of the part directory `out` to disk, then write its `PART` marker (file
+    sizes, host) last and return it. Called by rank 0 once every rank's files are written."""
     files = {}
     for path in sorted(p for p in out.rglob("*") if p.is_file()):
         _fsync_file(path)
@@ -112,6 +144,25 @@ def write_part(staging: str | Path, part: str, write: Callable[[Path], None]) ->
     info: PartInfo = {"part": part, "files": files, "host": socket.gethostname(), "time": time.time()}
     _write_json(out / PART_MARKER, info)
     return info
+
+
+def shards_problem(directory: Path, metadata: Any, hosts: list[str]) -> str | None:
+    """Why rank 0 does not see every file of the DCP checkpoint `directory` its ranks wrote (None
+    when it does): each file DCP's `metadata` names must be there, at least as long as the last
+    byte it says it holds. `hosts`: each rank's host, for the error."""
+    ends: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    for name, end in sorted(ends.items()):
+        path = directory / name
+        size = path.stat().st_size if path.is_file() else None
+        if size is None or size < end:
+            seen = "is missing" if size is None else f"has {size} bytes, its ranks wrote {end}"
+            return (
+                f"{path} {seen} on host {socket.gethostname()} (rank 0); the ranks ran on hosts "
+                f"{', '.join(hosts)}: spec.checkpoint.dir must be one volume mounted at the same path in every pod"
+            )
+    return None
 
 
 def part_problem(step_dir: str | Path, part: str, reported: PartInfo | None = None) -> str | None:

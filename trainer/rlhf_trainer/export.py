@@ -28,12 +28,14 @@ transformers are imported by the functions that use them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import secrets
 import shutil
 import struct
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -47,6 +49,10 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 PROGRESS_EVERY = 5.0
 POLICY_PART = "actor"
 WEIGHTS = "model.safetensors"
+#: A sharded part's DCP checkpoint (`checkpoint.SHARDS_DIR`; this module stays torch-free at import).
+SHARDS_DIR = "dcp"
+#: The prefix of the model's tensors in a sharded part (`workers.modeling.MODEL_KEY`).
+SHARDED_MODEL_PREFIX = "model."
 #: A LoRA checkpoint's adapter folder (`workers.lora.ADAPTER_DIR`; this module stays torch-free).
 ADAPTER_DIR = "adapter"
 
@@ -156,8 +162,6 @@ def export_policy(
     """Write the policy of checkpoint `source` (see `checkpoint.resolve`) as a Hugging Face
     model directory `out`. `replace`: an existing `out` is replaced (else it is an error).
     `adapter`: also copy a LoRA checkpoint's adapter (peft format) to `out/adapter`."""
-    from safetensors import safe_open
-
     from rlhf_trainer import checkpoint
 
     started = time.perf_counter()
@@ -176,7 +180,7 @@ def export_policy(
 
     config = json.loads((part / "config.json").read_text())
     out_dtype = _dtype_named(config.get("dtype") or config.get("torch_dtype")) if dtype == "auto" else dtype
-    with safe_open(str(part / WEIGHTS), framework="pt") as weights:
+    with open_weights(part) as weights:
         entries = plan(part, weights, out_dtype)
         total = sum(e.nbytes for e in entries)
         shards = split(entries, max_shard_bytes)
@@ -223,7 +227,12 @@ def policy_part(step_dir: Path) -> Path:
             f"checkpoint {step_dir} holds no {POLICY_PART} part (it holds {', '.join(checkpoint.parts(step_dir))})"
         )
     part = checkpoint.part_dir(step_dir, POLICY_PART)
-    for name, what in ((WEIGHTS, "the policy's weights"), ("config.json", "the policy's config")):
+    if not (part / WEIGHTS).is_file() and not (part / SHARDS_DIR / ".metadata").is_file():
+        raise ExportError(
+            f"{part} has neither {WEIGHTS} nor {SHARDS_DIR}/.metadata (the policy's weights, gathered or "
+            "sharded); was the checkpoint written by `rlhf run`?"
+        )
+    for name, what in (("config.json", "the policy's config"),):
         if not (part / name).is_file():
             raise ExportError(f"{part} has no {name} ({what}); was the checkpoint written by `rlhf run`?")
     if not (part / "tokenizer").is_dir():
@@ -250,7 +259,7 @@ def plan(part: Path, weights: Any, out_dtype: str | None) -> list[Entry]:
     for name, value in skeleton.state_dict(keep_vars=True).items():
         groups.setdefault(id(value), []).append(name)  # tied names share one parameter
         shapes[name] = tuple(value.shape)
-    stored = set(weights.keys())
+    stored = set(weights.names())
     expected = {n for names in groups.values() for n in names}
     unexpected = sorted(stored - expected)
     if unexpected:
@@ -264,15 +273,14 @@ def plan(part: Path, weights: Any, out_dtype: str | None) -> list[Entry]:
         present = [n for n in names if n in stored]
         if not present:
             raise ExportError(f"{part / WEIGHTS} lacks {_some(names)} (expected by its config.json)")
-        first = weights.get_slice(present[0])
-        shape = tuple(first.get_shape())
+        shape = weights.shape(present[0])
         if shape != shapes[names[0]]:
             raise ExportError(
                 f"{part / WEIGHTS}: {present[0]} has shape {list(shape)}, its config.json says {list(shapes[names[0]])}"
             )
         if len(present) > 1:
             check_tied(part, weights, present)
-        stored_dtype = _slice_dtype(first)
+        stored_dtype = weights.dtype(present[0])
         dtype = target if target is not None and stored_dtype.is_floating_point else stored_dtype
         entries.append(Entry(names[0], present[0], shape, dtype))
     return entries
@@ -282,13 +290,99 @@ def check_tied(part: Path, weights: Any, names: list[str]) -> None:
     """The checkpoint holds every name of a tied group (FSDP state dicts do): one tensor."""
     import torch
 
-    first = weights.get_tensor(names[0])
+    first = weights.tensor(names[0])
     for other in names[1:]:
-        if not torch.equal(first, weights.get_tensor(other)):
+        if not torch.equal(first, weights.tensor(other)):
             raise ExportError(
                 f"{part / WEIGHTS}: {names[0]} and {other} differ, but the config ties them "
                 "(tie_word_embeddings); the checkpoint was not written from this config"
             )
+
+
+# --------------------------------------------------------------------------------------------
+# The checkpoint's weights, gathered (one safetensors file) or sharded (DCP), read tensor by tensor
+# --------------------------------------------------------------------------------------------
+
+
+class SafetensorsWeights:
+    """The gathered part's `model.safetensors`, read lazily."""
+
+    def __init__(self, path: Path):
+        from safetensors import safe_open
+
+        self.path = path
+        self._file = safe_open(str(path), framework="pt").__enter__()
+
+    def names(self) -> list[str]:
+        return list(self._file.keys())
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._file.get_slice(name).get_shape())
+
+    def dtype(self, name: str) -> Any:
+        return _slice_dtype(self._file.get_slice(name))
+
+    def tensor(self, name: str) -> Any:
+        return self._file.get_tensor(name)
+
+    def close(self) -> None:
+        self._file.__exit__(None, None, None)
+
+
+class ShardedWeights:
+    """The sharded part's DCP checkpoint: the model's tensors (`model.<name>`), each read alone
+    into one process (DCP reassembles it from every rank's shard files; nothing else is read, the
+    optimizer state neither)."""
+
+    def __init__(self, directory: Path):
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        self.directory = directory
+        metadata = FileSystemReader(str(directory)).read_metadata()
+        self._meta = {
+            key.removeprefix(SHARDED_MODEL_PREFIX): value
+            for key, value in metadata.state_dict_metadata.items()
+            if key.startswith(SHARDED_MODEL_PREFIX) and isinstance(value, TensorStorageMetadata)
+        }
+
+    def names(self) -> list[str]:
+        return list(self._meta)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._meta[name].size)
+
+    def dtype(self, name: str) -> Any:
+        return self._meta[name].properties.dtype
+
+    def tensor(self, name: str) -> Any:
+        import torch
+        from torch.distributed import checkpoint as dcp
+        from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+
+        out = torch.empty(self.shape(name), dtype=self.dtype(name))
+        dcp.load(
+            {SHARDED_MODEL_PREFIX + name: out},
+            storage_reader=FileSystemReader(str(self.directory)),
+            planner=DefaultLoadPlanner(allow_partial_load=True),
+            no_dist=True,
+        )
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def open_weights(part: Path) -> Iterator[SafetensorsWeights | ShardedWeights]:
+    """The part's weights, in whichever layout it holds them."""
+    weights: SafetensorsWeights | ShardedWeights = (
+        ShardedWeights(part / SHARDS_DIR) if (part / SHARDS_DIR).is_dir() else SafetensorsWeights(part / WEIGHTS)
+    )
+    try:
+        yield weights
+    finally:
+        weights.close()
 
 
 def split(entries: list[Entry], max_bytes: int) -> list[list[Entry]]:
@@ -349,7 +443,7 @@ def write_safetensors(path: Path, entries: list[Entry], weights: Any, progress: 
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for e in entries:
-            tensor = weights.get_tensor(e.source).to(e.dtype).contiguous()
+            tensor = weights.tensor(e.source).to(e.dtype).contiguous()
             f.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
             progress.advance(e.nbytes)
             del tensor

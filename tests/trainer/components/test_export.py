@@ -150,3 +150,43 @@ def test_a_run_directory_names_its_checkpoint_dir_through_its_spec(tied_checkpoi
     run_dir.mkdir()
     (run_dir / "spec.json").write_text(json.dumps({"checkpoint": {"dir": str(tied_checkpoint.parent)}}))
     assert export_policy(run_dir, tmp_path / "out", log=None).checkpoint == tied_checkpoint
+
+
+def _sharded_checkpoint(root: Path, model_dir: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A sharded (DCP) actor part written by one process, as FSDP2 ranks write theirs, and the
+    actor's weights at the save."""
+    from rlhf_trainer.workers import modeling
+
+    actor = make_worker("actor", model_dir)
+
+    def write(out: Path) -> None:
+        modeling.save_sharded(actor.model, actor.optimizer, out / checkpoint.SHARDS_DIR)
+        actor.write_model_files(out)
+
+    step = checkpoint.save(
+        root, 3, {}, lambda s: {"actor": checkpoint.write_part(s, "actor", write)}, keep=2
+    )
+    return step, {k: v.detach().clone() for k, v in actor.model.state_dict().items()}
+
+
+def test_a_sharded_checkpoint_exports_to_a_model_from_pretrained_loads(tmp_path):
+    step, weights = _sharded_checkpoint(tmp_path / "checkpoints", save_tiny_model(tmp_path / "model"))
+    assert not (step / "actor" / "model.safetensors").exists()
+    out = tmp_path / "out"
+    done = export_policy(step, out, log=None)
+    assert done.step == 3
+    model, _ = _load(out)
+    state = model.state_dict()
+    assert set(state) == set(weights)
+    for name, value in weights.items():
+        assert torch.equal(state[name], value), name
+    with safe_open(str(out / "model.safetensors"), "pt") as f:  # tied: stored once, as before
+        assert "lm_head.weight" not in set(f.keys())
+    assert not any("exp_avg" in name for name in state)
+
+
+def test_a_sharded_part_without_its_metadata_names_what_is_missing(tmp_path):
+    step, _ = _sharded_checkpoint(tmp_path / "checkpoints", save_tiny_model(tmp_path / "model"))
+    (step / "actor" / checkpoint.SHARDS_DIR / ".metadata").unlink()
+    with pytest.raises(checkpoint.CheckpointError, match=r"\.metadata is missing"):
+        export_policy(step, tmp_path / "out", log=None)

@@ -75,3 +75,25 @@ def test_optimizer_state_flattens_and_restores():
         for key, value in entries.items():
             torch.testing.assert_close(back["state"][name][key], value)
     assert back["param_groups"][0]["betas"] == state["param_groups"][0]["betas"]
+
+
+def test_rank0_missing_a_ranks_shard_file_names_the_file_and_the_hosts(tmp_path):
+    """A sharded part: rank 0 must see every file DCP's metadata names, at its full length."""
+    from types import SimpleNamespace
+
+    (tmp_path / "__0_0.distcp").write_bytes(b"x" * 10)
+    (tmp_path / "__1_0.distcp").write_bytes(b"x" * 4)
+    info = SimpleNamespace
+    metadata = SimpleNamespace(
+        storage_data={
+            "a": info(relative_path="__0_0.distcp", offset=0, length=10),
+            "b": info(relative_path="__1_0.distcp", offset=0, length=4),
+        }
+    )
+    assert checkpoint.shards_problem(tmp_path, metadata, ["pod-a", "pod-b"]) is None
+    metadata.storage_data["c"] = info(relative_path="__1_0.distcp", offset=4, length=6)
+    problem = checkpoint.shards_problem(tmp_path, metadata, ["pod-a", "pod-b"])
+    assert problem and "__1_0.distcp has 4 bytes, its ranks wrote 10" in problem and "pod-a, pod-b" in problem
+    del metadata.storage_data["c"]
+    metadata.storage_data["d"] = info(relative_path="__2_0.distcp", offset=0, length=1)
+    assert "__2_0.distcp is missing" in (checkpoint.shards_problem(tmp_path, metadata, ["h"]) or "")

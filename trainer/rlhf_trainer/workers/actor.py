@@ -82,8 +82,8 @@ class ActorWorker(TrainableWorker):
         self.sync: Any = None
         self.algorithms = AlgorithmCache()
 
-    def build_model(self) -> nn.Module:
-        model = modeling.load_policy(self.model_path, "float32")  # master weights; see `compute`
+    def build_model(self, meta: bool = False) -> nn.Module:
+        model = modeling.load_policy(self.model_path, "float32", meta=meta)  # master weights; see `compute`
         lora_spec = self.spec.model.lora
         if lora_spec is None:
             return model
@@ -99,6 +99,12 @@ class ActorWorker(TrainableWorker):
     @property
     def uses_lora(self) -> bool:
         return self.spec.model.lora is not None
+
+    @property
+    def sharded_checkpoints(self) -> bool:
+        """LoRA keeps the gathered part: the merged weights for `rlhf export`, the (small) adapter
+        and its optimizer state for resume."""
+        return super().sharded_checkpoints and not self.uses_lora
 
     def merged_weights(self) -> list[tuple[str, Tensor]]:
         """LoRA: the policy's parameters with the adapters merged in, under the base model's names

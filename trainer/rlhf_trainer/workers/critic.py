@@ -18,9 +18,9 @@ class CriticWorker(TrainableWorker):
         super().__init__(*args, **kwargs)
         self.algorithms = AlgorithmCache()
 
-    def build_model(self) -> nn.Module:
+    def build_model(self, meta: bool = False) -> nn.Module:
         # fp32 master weights; `spec.model.dtype` is the compute dtype (see `TrainableWorker`)
-        return modeling.ValueModel(self.spec.model.critic_path or self.model_path, "float32")
+        return modeling.ValueModel(self.spec.model.critic_path or self.model_path, "float32", meta=meta)
 
     def learning_rate(self) -> float:
         return self.spec.training.critic_learning_rate

@@ -40,27 +40,48 @@ def disable_dropout(model: nn.Module) -> None:
             m.p = 0.0
 
 
-def load_policy(path: str, dtype: str = "float32") -> nn.Module:
+def load_policy(path: str, dtype: str = "float32", meta: bool = False) -> nn.Module:
+    """The policy of `path`. `meta`: its skeleton on the meta device (names, shapes, ties and no
+    memory for the weights), which an FSDP2 rank other than 0 shards before rank 0 broadcasts
+    the weights into it (`shard_from_rank0`)."""
     from transformers import AutoModelForCausalLM
 
     check_model_dir(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    if meta:
+        model = _on_meta(lambda config: AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype]), path)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
     disable_dropout(model)
     return model
+
+
+def _on_meta(build: Any, path: str) -> nn.Module:
+    """`build(config)` of `path`'s config on the meta device."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        return build(config)  # type: ignore[no-any-return]
 
 
 class ValueModel(nn.Module):
     """A transformers backbone with a linear value head: `(B, L)` values, one per position."""
 
-    def __init__(self, path: str, dtype: str = "float32"):
+    def __init__(self, path: str, dtype: str = "float32", meta: bool = False):
         super().__init__()
         from transformers import AutoModel
 
         check_model_dir(path, "spec.model.criticPath")
-        self.backbone = AutoModel.from_pretrained(path, dtype=DTYPES[dtype])
+        backbone: Any = (  # meta: the skeleton of a rank that gets its weights by broadcast
+            _on_meta(lambda config: AutoModel.from_config(config, dtype=DTYPES[dtype]), path)
+            if meta
+            else AutoModel.from_pretrained(path, dtype=DTYPES[dtype])
+        )
+        self.backbone = backbone
         disable_dropout(self.backbone)
-        hidden = self.backbone.config.hidden_size
-        self.value_head = nn.Linear(hidden, 1, dtype=DTYPES[dtype])
+        hidden = backbone.config.hidden_size
+        device = torch.device("meta") if meta else None
+        self.value_head = nn.Linear(hidden, 1, dtype=DTYPES[dtype], device=device)
         nn.init.zeros_(self.value_head.weight)  # start at V = 0: a neutral baseline
         nn.init.zeros_(self.value_head.bias)
         self._no_split_modules = getattr(self.backbone, "_no_split_modules", None) or []
@@ -394,6 +415,60 @@ def shard_model(model: nn.Module, dtype: str = "float32") -> nn.Module:
     return model
 
 
+def shard_from_rank0(model: nn.Module, dtype: str, rank: int) -> nn.Module:
+    """FSDP2-shard a model whose weights only rank 0 holds (on the CPU); every other rank holds
+    the meta skeleton (`load_policy(meta=True)`). A collective.
+
+    Rank 0 keeps its state dict on the CPU and turns its module into the same skeleton; every
+    rank shards the skeleton (`shard_model`); then `set_model_state_dict(full_state_dict=True,
+    broadcast_from_rank0=True)` (PyTorch's documented way, after `to_empty` gave each rank memory
+    for its shards alone) broadcasts each tensor from rank 0 and each rank keeps its shard. The non-persistent buffers (rotary frequencies),
+    which no state dict holds, are broadcast the same way. So no rank but 0 ever holds the full
+    fp32 model, and rank 0 holds it once, on the CPU (not a second copy on its GPU)."""
+    import torch.distributed as dist
+
+    from rlhf_trainer.workers.distributed import group_device
+
+    full = {k: v.detach() for k, v in model.state_dict().items()} if rank == 0 else {}
+    buffers = {n: b.detach() for n, b in _non_persistent_buffers(model)} if rank == 0 else {}
+    if rank == 0:
+        _to_meta(model)
+    model = shard_model(model, dtype)
+    # Memory for this rank's shards only; the parameter objects stay (tied weights stay tied).
+    model.to_empty(device=group_device())
+    load_full_state_dict(model, full, broadcast_from_rank0=True)
+    for name, buffer in _non_persistent_buffers(model):
+        if rank == 0:
+            buffer.copy_(buffers[name])
+        dist.broadcast(buffer, src=0)
+    del full, buffers
+    return model
+
+
+def _to_meta(model: nn.Module) -> None:
+    """`model.to("meta")`, keeping shared (tied) parameters shared: `.to` across devices gives
+    each module its own new parameter."""
+    places: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                places.setdefault(id(param), []).append((module, name))
+    model.to("meta")
+    for (module, name), *others in places.values():
+        for other, other_name in others:
+            other._parameters[other_name] = module._parameters[name]
+
+
+def _non_persistent_buffers(model: nn.Module) -> list[tuple[str, Tensor]]:
+    """`(name, buffer)` of the buffers no state dict holds (recomputed at build time)."""
+    out = []
+    for owner, module in model.named_modules():
+        for leaf, buffer in module.named_buffers(recurse=False):
+            if leaf in module._non_persistent_buffers_set and buffer is not None:
+                out.append((f"{owner}.{leaf}" if owner else leaf, buffer))
+    return out
+
+
 def set_gradient_sync(model: nn.Module, sync: bool) -> None:
     """FSDP2: reduce-scatter gradients in this backward (`sync`) or only accumulate them locally
     (the micro-batches before the last one of an optimizer step). A no-op unsharded."""
@@ -461,12 +536,16 @@ def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
     return typing.cast(dict[str, Tensor], state)
 
 
-def load_full_state_dict(model: nn.Module, state: dict[str, Tensor], strict: bool = True) -> None:
+def load_full_state_dict(
+    model: nn.Module, state: dict[str, Tensor], strict: bool = True, broadcast_from_rank0: bool = False
+) -> None:
     """Load an unsharded state dict given on every rank (a collective under FSDP). `strict=False`:
-    a subset of the parameters (LoRA's adapters), the others keep their values."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    a subset of the parameters (LoRA's adapters), the others keep their values.
+    `broadcast_from_rank0`: only rank 0 gives it (the others `{}`), each tensor is broadcast."""
+    from torch.distributed.checkpoint import state_dict as dsd
 
-    set_model_state_dict(model, dict(state), options=StateDictOptions(full_state_dict=True, strict=strict))  # type: ignore[arg-type]
+    options = dsd.StateDictOptions(full_state_dict=True, strict=strict, broadcast_from_rank0=broadcast_from_rank0)
+    dsd.set_model_state_dict(model, dict(state), options=options)  # type: ignore[arg-type]
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -507,3 +586,42 @@ def to_float(x: Any) -> float:
     if isinstance(x, Tensor):
         return float(x.detach().float().item())
     return float(x)
+
+
+# -- sharded checkpoints (`torch.distributed.checkpoint`: each rank writes and reads its shards) --
+
+#: The state a sharded checkpoint holds: `{MODEL_KEY: model state, OPTIMIZER_KEY: AdamW state}`;
+#: DCP flattens it to `model.<param name>` and `optimizer.state.<param name>.<exp_avg|...>`.
+MODEL_KEY = "model"
+OPTIMIZER_KEY = "optimizer"
+
+
+def save_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> Any:
+    """Write the model and optimizer state as a DCP checkpoint in `directory` (a collective:
+    each rank writes the shards it holds, rank 0 the `.metadata` after all ranks wrote).
+    Returns DCP's `Metadata` (every rank)."""
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)  # sharded: DTensors under FSDP2
+    return dcp.save({MODEL_KEY: model_state, OPTIMIZER_KEY: optim_state}, checkpoint_id=str(directory))
+
+
+def checkpoint_reader(directory: Path) -> Any:
+    """The storage reader of a DCP checkpoint (a seam: tests count the bytes each rank reads)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return FileSystemReader(str(directory))
+
+
+def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path) -> None:
+    """Restore what `save_sharded` wrote, whatever the world size it was written with (a
+    collective): each rank asks DCP for the state it holds (its FSDP2 shards, or everything on a
+    single unsharded rank) and reads only those bytes, then `set_state_dict` puts it in place."""
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    # DCP loads in place: into the tensors of these two dicts
+    dcp.load({MODEL_KEY: model_state, OPTIMIZER_KEY: optim_state}, storage_reader=checkpoint_reader(directory))
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)

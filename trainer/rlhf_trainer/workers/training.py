@@ -25,6 +25,7 @@ per optimizer step of the schedule.
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,29 +128,47 @@ class TrainableWorker(Worker):
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
 
-    def build_model(self) -> nn.Module:
+    def build_model(self, meta: bool = False) -> nn.Module:
+        """The role's fp32 model; `meta`: its skeleton on the meta device (no weights)."""
         raise NotImplementedError
 
     def learning_rate(self) -> float:
         return self.spec.training.learning_rate
 
+    @property
+    def sharded_checkpoints(self) -> bool:
+        """Whether `save` writes DCP shards (each rank its own) rather than the gathered state."""
+        return self.world_size > 1
+
     def setup(self) -> None:
-        model = self.build_model()  # fp32: the master weights
+        # fp32: the master weights. Sharded, only rank 0 reads them (on the CPU); the other ranks
+        # build the skeleton on the meta device and get their shards by broadcast.
+        model = self.build_model(meta=self.world_size > 1 and self.rank != 0)
         if self.spec.training.activation_checkpointing:
             modeling.enable_activation_checkpointing(model)
-        model = model.to(self.device)
         t = self.spec.training
+        if self.world_size == 1:
+            model = model.to(self.device)
         if t.max_tokens_per_micro_batch is not None:
             # Before sharding: a no-grad forward of an FSDP2 root leaves its parameters swapped
-            # for the unsharded ones, which the optimizer built next would then hold.
-            self.layout = modeling.forward_layout(model, self.device)
+            # for the unsharded ones, which the optimizer built next would then hold. Sharded,
+            # rank 0 probes its CPU model and tells the others.
+            self.layout = self._agreed(lambda: modeling.forward_layout(model, next(model.parameters()).device))
         if self.world_size > 1:
-            model = modeling.shard_model(model, self.spec.model.dtype)
+            model = modeling.shard_from_rank0(model, self.spec.model.dtype, self.rank)
         self.model = model
         self.optimizer = modeling.build_optimizer(model, self.learning_rate(), t.weight_decay)
         self.scheduler = modeling.build_scheduler(
             self.optimizer, t.lr_schedule, t.warmup_steps, t.steps * self.optimizer_steps_per_batch()
         )
+
+    def _agreed(self, compute: Callable[[], Any]) -> Any:
+        """`compute()` on rank 0, its result on every rank (a collective when sharded)."""
+        if self.world_size == 1:
+            return compute()
+        box = [compute() if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     def compute(self) -> Any:
         """The compute context of the model: bf16 autocast over the fp32 weights on one rank."""
@@ -266,9 +285,12 @@ class TrainableWorker(Worker):
     def save(self, staging: str) -> dict[str, Any] | None:
         """Write this role's part of a checkpoint into `staging/<role>/` on the shared volume.
 
-        A collective: every rank gathers the sharded model and optimizer state; rank 0 writes
-        `model.safetensors`, `optimizer.safetensors`, `state.json` and `model_files`, then the
-        part marker, and returns the marker (the controller checks it sees the same files)."""
+        A collective. Sharded (`sharded_checkpoints`): see `save_sharded`. Otherwise every rank
+        gathers the model and optimizer state; rank 0 writes `model.safetensors`,
+        `optimizer.safetensors`, `state.json` and `model_files`, then the part marker, and
+        returns the marker (the controller checks it sees the same files)."""
+        if self.sharded_checkpoints:
+            return self.save_sharded(staging)
         model_state = modeling.full_state_dict(self.model)
         optim_state = modeling.full_optimizer_state(self.model, self.optimizer)
         if self.rank != 0:
@@ -298,13 +320,43 @@ class TrainableWorker(Worker):
         """Files beside the weights that make the part usable on its own (the actor: its config
         and tokenizer, for `rlhf export`)."""
 
+    def save_sharded(self, staging: str) -> dict[str, Any] | None:
+        """The sharded part (`checkpoint.SHARDS_DIR`): rank 0 empties `staging/<role>/`; every
+        rank writes its own shards of the model and AdamW state with DCP (rank 0 DCP's
+        `.metadata`, once all have written); rank 0 checks it sees every shard file, writes
+        `state.json` (the LR schedule) and `model_files`, then the part marker, and returns it."""
+        problems: list[Any] = [None] * self.world_size
+        dist.all_gather_object(problems, checkpoint.staging_problem(staging, self.role))
+        if any(problems):  # every rank fails alike, none is left waiting in a collective
+            raise checkpoint.CheckpointError(next(p for p in problems if p))
+        out = Path(staging) / self.role
+        if self.rank == 0:
+            checkpoint.prepare_part(staging, self.role)
+        dist.barrier()
+        metadata = modeling.save_sharded(self.model, self.optimizer, out / checkpoint.SHARDS_DIR)
+        hosts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(hosts, socket.gethostname())
+        if self.rank != 0:
+            return None
+        problem = checkpoint.shards_problem(out / checkpoint.SHARDS_DIR, metadata, hosts)
+        if problem:
+            raise checkpoint.CheckpointError(f"{self.role} checkpoint: {problem}")
+        state = {"format": checkpoint.SHARDED_FORMAT, "scheduler": self.scheduler.state_dict()}
+        (out / "state.json").write_text(json.dumps(state, indent=1, default=_json_default))
+        self.write_model_files(out)
+        return checkpoint.finish_part(out, self.role)
+
     def load(self, step_dir: str) -> None:
-        """Restore what `save` wrote. Every rank reads the part from the shared volume."""
+        """Restore what `save` wrote, in either layout. Sharded: each rank reads only its own
+        shards (DCP reshards to this world size). Gathered: every rank reads the whole part."""
         src = checkpoint.part_dir(step_dir, self.role)
-        self.load_weights(src)
         state = json.loads((src / "state.json").read_text())
-        optim = unflatten_optimizer_state(load_file(src / "optimizer.safetensors"), state["optimizer"])
-        modeling.load_full_optimizer_state(self.model, self.optimizer, optim)
+        if (src / checkpoint.SHARDS_DIR).is_dir():
+            modeling.load_sharded(self.model, self.optimizer, src / checkpoint.SHARDS_DIR)
+        else:
+            self.load_weights(src)
+            optim = unflatten_optimizer_state(load_file(src / "optimizer.safetensors"), state["optimizer"])
+            modeling.load_full_optimizer_state(self.model, self.optimizer, optim)
         self.scheduler.load_state_dict(state["scheduler"])
 
     def answer_checkpoint_probe(self, probe_dir: str) -> None:
