@@ -377,7 +377,9 @@ class ShardedWeights:
 def open_weights(part: Path) -> Iterator[SafetensorsWeights | ShardedWeights]:
     """The part's weights, in whichever layout it holds them."""
     weights: SafetensorsWeights | ShardedWeights = (
-        ShardedWeights(part / SHARDS_DIR) if (part / SHARDS_DIR).is_dir() else SafetensorsWeights(part / WEIGHTS)
+        ShardedWeights(part / SHARDS_DIR)
+        if (part / SHARDS_DIR).is_dir()
+        else SafetensorsWeights(part / WEIGHTS)
     )
     try:
         yield weights

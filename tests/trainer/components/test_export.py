@@ -163,9 +163,7 @@ def _sharded_checkpoint(root: Path, model_dir: Path) -> tuple[Path, dict[str, to
         modeling.save_sharded(actor.model, actor.optimizer, out / checkpoint.SHARDS_DIR)
         actor.write_model_files(out)
 
-    step = checkpoint.save(
-        root, 3, {}, lambda s: {"actor": checkpoint.write_part(s, "actor", write)}, keep=2
-    )
+    step = checkpoint.save(root, 3, {}, lambda s: {"actor": checkpoint.write_part(s, "actor", write)}, keep=2)
     return step, {k: v.detach().clone() for k, v in actor.model.state_dict().items()}
 
 

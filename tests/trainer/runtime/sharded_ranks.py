@@ -161,7 +161,9 @@ def _save_rank(rank: int, world: int, port: int, role: str, model: str, out: str
     record["loaded"] = local_state(worker)
     record["today"] = todays_local_state(role, Path(model))
     record["tied"] = role == "actor" and worker.model.lm_head.weight is worker.model.model.embed_tokens.weight
-    rows = batch(worker.model.config.vocab_size if role == "actor" else worker.model.backbone.config.vocab_size)
+    rows = batch(
+        worker.model.config.vocab_size if role == "actor" else worker.model.backbone.config.vocab_size
+    )
     worker.train_batch(rows, 0, loss_of(worker))
     root = Path(out).parent / "checkpoints"
     record["at_save"] = full_weights(worker)
@@ -190,7 +192,9 @@ def _resume_rank(rank: int, world: int, port: int, role: str, model: str, out: s
     assert found is not None
     worker.load(str(found))
     record["optimizer_shapes"] = optimizer_shapes(worker)
-    rows = batch(worker.model.config.vocab_size if role == "actor" else worker.model.backbone.config.vocab_size)
+    rows = batch(
+        worker.model.config.vocab_size if role == "actor" else worker.model.backbone.config.vocab_size
+    )
     record["metrics"] = worker.train_batch(rows, 1, loss_of(worker))
     record["after"] = full_weights(worker)
     torch.save(record, f"{out}.{rank}")

@@ -44,7 +44,9 @@ def _check_loading(saved: list[dict[str, Any]]) -> None:
     assert saved[1]["tensors_given"] == 0  # rank 1 never held a full tensor
 
 
-def _check_resume(saved: list[dict[str, Any]], resumed: list[dict[str, Any]], step_dir: Path, role: str) -> None:
+def _check_resume(
+    saved: list[dict[str, Any]], resumed: list[dict[str, Any]], step_dir: Path, role: str
+) -> None:
     shards = {p.name: p.stat().st_size for p in (step_dir / role / checkpoint.SHARDS_DIR).glob("*.distcp")}
     assert len(shards) == 2  # one file per rank
     total = sum(shards.values())
@@ -52,7 +54,9 @@ def _check_resume(saved: list[dict[str, Any]], resumed: list[dict[str, Any]], st
         assert resumed[rank]["metrics"] == saved[rank]["metrics"]  # the exact next step
         _assert_same(resumed[rank]["after"], saved[rank]["after"])  # rank 0 gets the full weights
         shapes = resumed[rank]["optimizer_shapes"]
-        assert shapes and all(local[0] == _shard_rows(full[0], rank) for local, full in shapes.values()), shapes
+        assert shapes and all(local[0] == _shard_rows(full[0], rank) for local, full in shapes.values()), (
+            shapes
+        )
         assert any(full[0] > 1 for _, full in shapes.values())
         read = sum(resumed[rank]["read"].values())
         assert 0 < read < 0.6 * total, (rank, resumed[rank]["read"], shards)

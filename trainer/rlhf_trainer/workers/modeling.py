@@ -544,7 +544,9 @@ def load_full_state_dict(
     `broadcast_from_rank0`: only rank 0 gives it (the others `{}`), each tensor is broadcast."""
     from torch.distributed.checkpoint import state_dict as dsd
 
-    options = dsd.StateDictOptions(full_state_dict=True, strict=strict, broadcast_from_rank0=broadcast_from_rank0)
+    options = dsd.StateDictOptions(
+        full_state_dict=True, strict=strict, broadcast_from_rank0=broadcast_from_rank0
+    )
     dsd.set_model_state_dict(model, dict(state), options=options)  # type: ignore[arg-type]
 
 
@@ -623,5 +625,7 @@ def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, directory: 
 
     model_state, optim_state = get_state_dict(model, optimizer)
     # DCP loads in place: into the tensors of these two dicts
-    dcp.load({MODEL_KEY: model_state, OPTIMIZER_KEY: optim_state}, storage_reader=checkpoint_reader(directory))
+    dcp.load(
+        {MODEL_KEY: model_state, OPTIMIZER_KEY: optim_state}, storage_reader=checkpoint_reader(directory)
+    )
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)

@@ -153,7 +153,9 @@ class TrainableWorker(Worker):
             # Before sharding: a no-grad forward of an FSDP2 root leaves its parameters swapped
             # for the unsharded ones, which the optimizer built next would then hold. Sharded,
             # rank 0 probes its CPU model and tells the others.
-            self.layout = self._agreed(lambda: modeling.forward_layout(model, next(model.parameters()).device))
+            self.layout = self._agreed(
+                lambda: modeling.forward_layout(model, next(model.parameters()).device)
+            )
         if self.world_size > 1:
             model = modeling.shard_from_rank0(model, self.spec.model.dtype, self.rank)
         self.model = model
