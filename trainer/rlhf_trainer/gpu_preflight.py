@@ -42,18 +42,22 @@ class DriverTooOld(RuntimeError):
     """The node's NVIDIA driver is older than the floor of this image's CUDA."""
 
 
-def parse_driver_version(text: str) -> tuple[int, ...] | None:
-    """The driver version in `text`: `580.65.06` from nvidia-smi's `driver_version`, or from the
-    `NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  ...` line of /proc. None when
-    there is none. A bare branch (`580`) parses too, as the floor is written."""
+def driver_version_text(text: str) -> str | None:
+    """The driver version in `text`, as written: `580.65.06` from nvidia-smi's `driver_version`,
+    or from the `NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  ...` line of /proc.
+    None when there is none. A bare branch (`580`) counts too, as the floor is written."""
     text = text.strip()
     if re.fullmatch(r"\d{3,4}", text):
-        return (int(text),)
+        return text
     line = next((ln for ln in text.splitlines() if "NVRM" in ln), text)
     m = _VERSION_RE.search(line)
-    if m is None:
-        return None
-    return tuple(int(g) for g in m.groups() if g is not None)
+    return m.group(0) if m else None
+
+
+def parse_driver_version(text: str) -> tuple[int, ...] | None:
+    """`driver_version_text` as numbers (`(580, 65, 6)`), for comparing."""
+    found = driver_version_text(text)
+    return None if found is None else tuple(int(p) for p in found.split("."))
 
 
 def floor_for_cuda(cuda: str | None) -> str | None:
@@ -80,14 +84,16 @@ def compare(found: str, needed: str) -> bool:
 
 
 def read_driver_version(
-    proc: Path = PROC_VERSION, run: Callable[[list[str]], str] | None = None
+    proc: Path | None = None, run: Callable[[list[str]], str] | None = None
 ) -> tuple[str | None, str]:
-    """`(version, where it was read)`; version None with the reasons when nothing could be read."""
+    """`(version, where it was read)`; version None with the reasons when nothing could be read.
+    `proc` (default `PROC_VERSION`) and `run` (runs nvidia-smi) are for tests."""
+    proc = PROC_VERSION if proc is None else proc
     tried = []
     try:
-        parsed = parse_driver_version(proc.read_text())
-        if parsed is not None:
-            return ".".join(str(p) for p in parsed), str(proc)
+        found = driver_version_text(proc.read_text())
+        if found is not None:
+            return found, str(proc)
         tried.append(f"{proc}: no version in it")
     except OSError as err:
         tried.append(f"{proc}: {err.strerror or err}")
@@ -97,9 +103,9 @@ def read_driver_version(
         return None, "; ".join(tried)
     try:
         out = (run or _run)(cmd)
-        parsed = parse_driver_version(out.splitlines()[0] if out.strip() else "")
-        if parsed is not None:
-            return ".".join(str(p) for p in parsed), "nvidia-smi"
+        found = driver_version_text(out.splitlines()[0] if out.strip() else "")
+        if found is not None:
+            return found, "nvidia-smi"
         tried.append(f"nvidia-smi: printed {out.strip()[:80]!r}")
     except (OSError, subprocess.SubprocessError) as err:
         tried.append(f"nvidia-smi: {err}")
@@ -111,11 +117,23 @@ def _run(cmd: list[str]) -> str:
 
 
 def torch_cuda_version() -> str | None:
-    """The CUDA version torch was built with (`torch.version.cuda`; no CUDA initialisation)."""
-    try:
-        import torch
-    except ImportError:
+    """The CUDA version torch was built with (`torch.version.cuda`), read from torch's
+    `version.py` without importing torch (a pod's entry point stays fast), else by importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None:
         return None
+    for root in spec.submodule_search_locations or []:
+        try:
+            text = (Path(root) / "version.py").read_text()
+        except OSError:
+            continue
+        m = re.search(r"^cuda\b[^=\n]*=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", text, re.M)
+        if m:
+            return m.group(1) or m.group(2) or None
+    import torch
+
     return torch.version.cuda  # type: ignore[no-any-return]
 
 
@@ -178,9 +196,42 @@ def exit_code_for_job(spec: Any, log: Callable[[str], None] | None = None) -> in
     return exit_code(log) if job_gpus(spec) > 0 else 0
 
 
+def label_problem(cuda_label: str, driver_min_label: str, torch_cuda: str | None) -> str | None:
+    """What is wrong with an image's labels (`dev.rlhf.cuda.version`, `dev.rlhf.cuda.driver-min`)
+    for the torch it holds, or None: the label's CUDA must be torch's (`13` matches `13.0`, `13.0`
+    only `13.0`), and its driver floor the one this module's table gives for that CUDA."""
+    if not torch_cuda:
+        return f"torch is a CPU build, but the image's label says CUDA {cuda_label}"
+    parts, have = cuda_label.split("."), torch_cuda.split(".")
+    if have[: len(parts)] != parts:
+        return f"torch carries CUDA {torch_cuda}, but the image's label {LABEL_CUDA} says {cuda_label}"
+    want = floor_for_cuda(torch_cuda)
+    if want != driver_min_label:
+        return (
+            f"the image's label {LABEL_DRIVER_MIN} says driver >= {driver_min_label}, but CUDA "
+            f"{torch_cuda} needs >= {want} (gpu_preflight.DRIVER_FLOOR_BY_CUDA_MAJOR)"
+        )
+    return None
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-if __name__ == "__main__":  # `python -m rlhf_trainer.gpu_preflight`: the check alone
-    sys.exit(exit_code())
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rlhf_trainer.gpu_preflight`: the start-up check alone; with `--labels CUDA
+    DRIVER_MIN` (the image build, scripts/check_gpu_image.sh): do the labels fit this torch?"""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m rlhf_trainer.gpu_preflight", description=main.__doc__)
+    ap.add_argument("--labels", nargs=2, metavar=("CUDA", "DRIVER_MIN"), help="check an image's labels")
+    a = ap.parse_args(argv)
+    if a.labels is None:
+        return exit_code()
+    problem = label_problem(a.labels[0], a.labels[1], torch_cuda_version())
+    _stderr(problem or f"image labels: CUDA {a.labels[0]}, driver >= {a.labels[1]}: match torch's CUDA {torch_cuda_version()}")
+    return 1 if problem else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

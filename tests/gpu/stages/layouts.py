@@ -74,7 +74,7 @@ def checkpointing_on_off(stage: Stage, model: Any, batch: dict[str, Any]) -> Non
         loss.backward()
         grads = {n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None}
         peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else float("nan")
-        results[on] = (float(loss), grads, peak)
+        results[on] = (float(loss.detach()), grads, peak)
         stage.figure(f"peak_mib_checkpointing_{'on' if on else 'off'}", peak, "MiB")
     (l_off, g_off, _), (l_on, g_on, _) = results[False], results[True]
     gdiff = max(float((g_off[n] - g_on[n]).abs().max()) for n in g_off)
