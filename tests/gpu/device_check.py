@@ -42,8 +42,16 @@ class StageDef:
 STAGES = [
     StageDef("machine", 60, "driver, CUDA, NCCL, compiler, packages", needs_gpu=False),
     StageDef("gpu_tests", 150, "the project's GPU tests that need neither Ray nor vLLM (pytest -m gpu)"),
-    StageDef("grpo", 120, "Ray-free GRPO on one GPU, bf16 over fp32 masters: reward rises; save, load, same next step"),
-    StageDef("fsdp", 60, "FSDP2 on a one-rank NCCL group: mixed precision, activation checkpointing, checkpoint round trip"),
+    StageDef(
+        "grpo",
+        120,
+        "Ray-free GRPO on one GPU, bf16 over fp32 masters: reward rises; save, load, same next step",
+    ),
+    StageDef(
+        "fsdp",
+        60,
+        "FSDP2 on a one-rank NCCL group: mixed precision, activation checkpointing, checkpoint round trip",
+    ),
     StageDef("ipc", 60, "CUDA IPC of pickled tensor handles into a second process: fp32, bf16, tied, 1 GiB"),
     StageDef("sync", 60, "NCCL bucketed broadcast; a sync group whose receiver never connects is dropped"),
     StageDef("layouts", 60, "packed vs padded log-probs; activation checkpointing on vs off"),
@@ -61,7 +69,14 @@ def _log(log: Any, text: str) -> None:
 def run_stage(st: StageDef, python: str, scratch: Path, limit: float, log: Any) -> dict[str, Any]:
     """Run one stage's script in a process group of its own; kill the group at `limit` seconds."""
     result_file = scratch / f"{st.name}.result.json"
-    cmd = [python, str(STAGES_DIR / f"{st.name}.py"), "--scratch", str(scratch / st.name), "--result", str(result_file)]
+    cmd = [
+        python,
+        str(STAGES_DIR / f"{st.name}.py"),
+        "--scratch",
+        str(scratch / st.name),
+        "--result",
+        str(result_file),
+    ]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -69,12 +84,22 @@ def run_stage(st: StageDef, python: str, scratch: Path, limit: float, log: Any) 
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        return {"status": "failed", "reason": f"timed out after {limit:.0f} s (killed)",
-                "seconds": round(time.perf_counter() - t0, 2), "figures": {}, "checks": []}
+        return {
+            "status": "failed",
+            "reason": f"timed out after {limit:.0f} s (killed)",
+            "seconds": round(time.perf_counter() - t0, 2),
+            "figures": {},
+            "checks": [],
+        }
     seconds = round(time.perf_counter() - t0, 2)
     if not result_file.is_file():
-        return {"status": "failed", "reason": f"exited {rc} without a result (see the log)",
-                "seconds": seconds, "figures": {}, "checks": []}
+        return {
+            "status": "failed",
+            "reason": f"exited {rc} without a result (see the log)",
+            "seconds": seconds,
+            "figures": {},
+            "checks": [],
+        }
     result: dict[str, Any] = json.loads(result_file.read_text())
     result["seconds"] = seconds
     if rc != 0 and result.get("status") != "failed":
@@ -97,7 +122,9 @@ def junit(results: dict[str, dict[str, Any]], seconds: float) -> str:
         if r["status"] == "skipped":
             lines.append(f"{case}><skipped message={reason}/></testcase>")
         elif r["status"] == "failed":
-            lines.append(f"{case}><failure message={reason}>{escape(r.get('reason', ''))}</failure></testcase>")
+            lines.append(
+                f"{case}><failure message={reason}>{escape(r.get('reason', ''))}</failure></testcase>"
+            )
         else:
             lines.append(f"{case}/>")
     lines.append("</testsuite></testsuites>")
@@ -108,8 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="where the log, JUnit XML and figures go")
     ap.add_argument("--scratch", type=Path, required=True, help="where models and checkpoints go")
-    ap.add_argument("--budget", type=float, default=float(os.environ.get("DEVICE_CHECK_BUDGET_S", 470)),
-                    help="seconds for all stages together (default 470: under 8 minutes)")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=float(os.environ.get("DEVICE_CHECK_BUDGET_S", 470)),
+        help="seconds for all stages together (default 470: under 8 minutes)",
+    )
     ap.add_argument("--only", nargs="+", choices=[s.name for s in STAGES], help="run these stages only")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -124,11 +155,21 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             left = a.budget - (time.perf_counter() - t_start)
             if st.needs_gpu and cuda is False:
-                res = {"status": "skipped", "reason": f"needs a GPU ({why or 'no CUDA device'})",
-                       "seconds": 0.0, "figures": {}, "checks": []}
+                res = {
+                    "status": "skipped",
+                    "reason": f"needs a GPU ({why or 'no CUDA device'})",
+                    "seconds": 0.0,
+                    "figures": {},
+                    "checks": [],
+                }
             elif left < 10:
-                res = {"status": "skipped", "reason": f"out of time ({a.budget:.0f} s budget spent)",
-                       "seconds": 0.0, "figures": {}, "checks": []}
+                res = {
+                    "status": "skipped",
+                    "reason": f"out of time ({a.budget:.0f} s budget spent)",
+                    "seconds": 0.0,
+                    "figures": {},
+                    "checks": [],
+                }
             else:
                 _log(log, f"\n## stage {st.name}: {st.what} (timeout {min(st.timeout_s, left):.0f} s)")
                 res = run_stage(st, sys.executable, a.scratch, min(st.timeout_s, left), log)
@@ -140,10 +181,15 @@ def main(argv: list[str] | None = None) -> int:
             _log(log, f"== {st.name}: {res['status'].upper()}{reason} ({res.get('seconds', 0):.1f} s)")
         total = time.perf_counter() - t_start
         counts = {s: sum(r["status"] == s for r in results.values()) for s in ("passed", "failed", "skipped")}
-        _log(log, f"\ndevice check: {counts['passed']} passed, {counts['failed']} failed, "
-                  f"{counts['skipped']} skipped in {total:.0f} s; files in {a.out}")
+        _log(
+            log,
+            f"\ndevice check: {counts['passed']} passed, {counts['failed']} failed, "
+            f"{counts['skipped']} skipped in {total:.0f} s; files in {a.out}",
+        )
     (a.out / "device_check.xml").write_text(junit(results, total))
-    (a.out / "figures.json").write_text(json.dumps({"seconds": round(total, 1), "stages": results}, indent=1, default=str))
+    (a.out / "figures.json").write_text(
+        json.dumps({"seconds": round(total, 1), "stages": results}, indent=1, default=str)
+    )
     return 1 if counts["failed"] else 0
 
 

@@ -11,19 +11,27 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu" / "stages"))
+STAGES = Path(__file__).resolve().parents[1] / "gpu" / "stages"
+
+
+def _ragged_batch(vocab: int) -> dict[str, torch.Tensor]:
+    """The `layouts` stage's own ragged batch (left-padded prompts, right-padded responses)."""
+    sys.path.insert(0, str(STAGES))
+    try:
+        from layouts import ragged_batch
+    finally:
+        sys.path.remove(str(STAGES))
+    return ragged_batch(vocab, rows=6, p=5, t=4)  # type: ignore[no-any-return]
 
 
 def test_checkpointing_on_padded_rows_gives_the_gradients_of_checkpointing_off() -> None:
-    from layouts import ragged_batch
-
     from rlhf_trainer.bootstrap import build_char_tokenizer, build_tiny_model
     from rlhf_trainer.workers import modeling
 
     torch.manual_seed(0)
     model = build_tiny_model(build_char_tokenizer(), hidden_size=32, seed=0)
     modeling.disable_dropout(model)
-    batch = ragged_batch(model.config.vocab_size, rows=6, p=5, t=4)
+    batch = _ragged_batch(model.config.vocab_size)
     assert (batch["prompt_mask"] == 0).any() and (batch["response_mask"] == 0).any()
     grads = {}
     for on in (False, True):

@@ -61,7 +61,9 @@ def test_device_check_skips_every_gpu_stage_without_a_gpu(tmp_path: Path) -> Non
     suite = ET.parse(out / "device_check.xml").getroot().find("testsuite")
     assert suite is not None
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == (
-        str(len(names)), "0", str(len(names) - 1)
+        str(len(names)),
+        "0",
+        str(len(names) - 1),
     )
     skipped = {c.get("name"): c.find("skipped") for c in suite.iter("testcase")}
     assert all("needs a GPU" in (skipped[n].get("message") or "") for n in names[1:])  # type: ignore[union-attr]
@@ -69,7 +71,7 @@ def test_device_check_skips_every_gpu_stage_without_a_gpu(tmp_path: Path) -> Non
     assert "== machine: PASSED" in log and log.count("SKIPPED: needs a GPU") == len(names) - 1
 
 
-@pytest.mark.parametrize("stage", ["grpo", "ipc", "sync", "mfu"])
+@pytest.mark.parametrize("stage", ["grpo", "ipc"])
 def test_a_gpu_stage_run_alone_without_a_gpu_says_needs_a_gpu(tmp_path: Path, stage: str) -> None:
     import torch
 
@@ -77,7 +79,14 @@ def test_a_gpu_stage_run_alone_without_a_gpu_says_needs_a_gpu(tmp_path: Path, st
         pytest.skip("this machine has a GPU")
     result = tmp_path / "r.json"
     done = subprocess.run(
-        [sys.executable, str(GPU / "stages" / f"{stage}.py"), "--scratch", str(tmp_path / "s"), "--result", str(result)],
+        [
+            sys.executable,
+            str(GPU / "stages" / f"{stage}.py"),
+            "--scratch",
+            str(tmp_path / "s"),
+            "--result",
+            str(result),
+        ],
         capture_output=True,
         text=True,
         timeout=120,

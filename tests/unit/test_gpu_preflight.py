@@ -60,7 +60,8 @@ def test_a_bad_floor_is_named() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cuda", "floor"), [("13.0", "580"), ("13.2", "580"), ("12.8", "525"), ("11.8", "450"), ("14.0", None), (None, None)]
+    ("cuda", "floor"),
+    [("13.0", "580"), ("13.2", "580"), ("12.8", "525"), ("11.8", "450"), ("14.0", None), (None, None)],
 )
 def test_floor_of_each_cuda_major(cuda: str | None, floor: str | None) -> None:
     assert g.floor_for_cuda(cuda) == floor
@@ -81,7 +82,10 @@ def test_the_driver_is_read_from_proc_then_from_nvidia_smi(tmp_path: Path) -> No
     proc.write_text(PROC_570_OPEN)
     assert g.read_driver_version(proc, run=lambda cmd: "999.0") == ("570.124.06", str(proc))
     missing = tmp_path / "absent"
-    assert g.read_driver_version(missing, run=lambda cmd: "580.65.06\n580.65.06\n") == ("580.65.06", "nvidia-smi")
+    assert g.read_driver_version(missing, run=lambda cmd: "580.65.06\n580.65.06\n") == (
+        "580.65.06",
+        "nvidia-smi",
+    )
     found, why = g.read_driver_version(missing, run=lambda cmd: "No devices were found")
     assert found is None and str(missing) in why and "No devices were found" in why
 
@@ -89,7 +93,9 @@ def test_the_driver_is_read_from_proc_then_from_nvidia_smi(tmp_path: Path) -> No
 def test_the_floor_comes_from_the_environment_first(tmp_path: Path) -> None:
     proc = tmp_path / "version"
     proc.write_text(PROC_580)
-    assert g.preflight({}, proc=proc).ok == (g.floor_for_cuda(g.torch_cuda_version()) in (None, "580", "525", "450"))
+    assert g.preflight({}, proc=proc).ok == (
+        g.floor_for_cuda(g.torch_cuda_version()) in (None, "580", "525", "450")
+    )
     strict = g.preflight({g.ENV_DRIVER_MIN: "590"}, proc=proc)
     assert not strict.ok and ">= 590" in strict.message
 

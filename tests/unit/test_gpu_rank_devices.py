@@ -63,5 +63,9 @@ def test_spawned_ranks_choose_their_gpu_by_index_not_by_environment(path: str, r
     fns = _functions(GPU / path)
     for name in rank_fns:
         src = ast.unparse(fns[name])
-        assert "CUDA_VISIBLE_DEVICES" not in src, f"{name} sets CUDA_VISIBLE_DEVICES after CUDA may be initialised"
-        assert "_rank_device(rank)" in src or "torch.cuda.set_device(rank)" in src, f"{name} picks no GPU by index"
+        assert "CUDA_VISIBLE_DEVICES" not in src, (
+            f"{name} sets CUDA_VISIBLE_DEVICES after CUDA may be initialised"
+        )
+        assert "_rank_device(rank)" in src or "torch.cuda.set_device(rank)" in src, (
+            f"{name} picks no GPU by index"
+        )

@@ -22,14 +22,20 @@ def test_a_present_constraints_file_pins_the_install(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == f"-c {pins}"
-    assert any(ln.startswith("torch") for ln in lines) and "vllm" in lines and any(ln.startswith("kopf") for ln in lines)
+    assert (
+        any(ln.startswith("torch") for ln in lines)
+        and "vllm" in lines
+        and any(ln.startswith("kopf") for ln in lines)
+    )
 
 
 def test_an_absent_constraints_file_is_said_and_skipped(tmp_path: Path) -> None:
     done = _run(str(ROOT / "pyproject.toml"), "operator", "--constraints", str(tmp_path / "operator.txt"))
     assert done.returncode == 0, done.stderr
     assert not any(ln.startswith("-c") for ln in done.stdout.splitlines())
-    assert "versions are not pinned" in done.stderr and not any("torch" in ln for ln in done.stdout.splitlines())
+    assert "versions are not pinned" in done.stderr and not any(
+        "torch" in ln for ln in done.stdout.splitlines()
+    )
 
 
 def test_an_unknown_extra_is_named() -> None:
@@ -39,7 +45,11 @@ def test_an_unknown_extra_is_named() -> None:
 
 def test_the_dockerfile_pins_every_image_with_its_file() -> None:
     text = (ROOT / "Dockerfile").read_text()
-    for target, pins in (("operator", "operator"), ("trainer-cpu", "trainer-cpu"), ("trainer", "trainer-gpu")):
+    for target, pins in (
+        ("operator", "operator"),
+        ("trainer-cpu", "trainer-cpu"),
+        ("trainer", "trainer-gpu"),
+    ):
         stage = text.split(f" AS {target}\n", 1)[1].split("\nFROM ", 1)[0]
         assert f"--constraints /opt/requirements/constraints/{pins}.txt" in stage, target
     trainer = text.split(" AS trainer\n", 1)[1]

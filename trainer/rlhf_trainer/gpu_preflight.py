@@ -155,7 +155,9 @@ def judge(found: str | None, where: str, needed: str | None, cuda: str | None) -
             f"driver >= {needed}: not checked",
         )
     if compare(found, needed):
-        return Verdict(True, f"GPU preflight: NVIDIA driver {found} found ({where}); {built} needs >= {needed}: ok")
+        return Verdict(
+            True, f"GPU preflight: NVIDIA driver {found} found ({where}); {built} needs >= {needed}: ok"
+        )
     return Verdict(
         False,
         f"GPU preflight: NVIDIA driver {found} found ({where}), but {built} needs driver >= {needed} "
@@ -229,7 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.labels is None:
         return exit_code()
     problem = label_problem(a.labels[0], a.labels[1], torch_cuda_version())
-    _stderr(problem or f"image labels: CUDA {a.labels[0]}, driver >= {a.labels[1]}: match torch's CUDA {torch_cuda_version()}")
+    _stderr(
+        problem
+        or f"image labels: CUDA {a.labels[0]}, driver >= {a.labels[1]}: match torch's CUDA {torch_cuda_version()}"
+    )
     return 1 if problem else 0
 
 

@@ -55,7 +55,9 @@ class Stage:
     def check(self, name: str, ok: bool, detail: str = "") -> None:
         """Record a check; a failed one ends the stage (failed), naming `detail`."""
         self.checks.append({"name": name, "ok": bool(ok), "detail": detail})
-        print(f"check: {name}: {'ok' if ok else 'FAILED'}{(' (' + detail + ')') if detail else ''}", flush=True)
+        print(
+            f"check: {name}: {'ok' if ok else 'FAILED'}{(' (' + detail + ')') if detail else ''}", flush=True
+        )
         if not ok:
             raise AssertionError(f"{name}: {detail}")
 

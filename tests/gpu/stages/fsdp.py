@@ -73,9 +73,13 @@ def body(stage: Stage) -> None:
         from torch.distributed.tensor import DTensor
 
         params = list(worker.model.parameters())
-        stage.check("parameters are fp32 DTensor shards",
-                    all(isinstance(p, DTensor) and p.dtype == torch.float32 for p in params))
-        wrapped = sum(1 for m in worker.model.modules() if getattr(m.forward, "__name__", "") == "checkpointed")
+        stage.check(
+            "parameters are fp32 DTensor shards",
+            all(isinstance(p, DTensor) and p.dtype == torch.float32 for p in params),
+        )
+        wrapped = sum(
+            1 for m in worker.model.modules() if getattr(m.forward, "__name__", "") == "checkpointed"
+        )
         stage.check("activation checkpointing wraps the blocks", wrapped > 0, f"{wrapped} blocks")
         vocab = worker.model.config.vocab_size
         with torch.no_grad():
@@ -99,7 +103,9 @@ def body(stage: Stage) -> None:
         restored = sharded_worker(spec, str(device))
         restored.load(str(step_dir))
         got = modeling.full_state_dict(restored.model)
-        stage.check("checkpoint round trip: same weights", all(torch.equal(got[k].float(), after[k]) for k in after))
+        stage.check(
+            "checkpoint round trip: same weights", all(torch.equal(got[k].float(), after[k]) for k in after)
+        )
         nxt = random_batch(vocab, seed=1)
         worker.train_batch(nxt, 1, likelihood_loss(worker))
         restored.train_batch(nxt, 1, likelihood_loss(restored))

@@ -26,9 +26,22 @@ def body(stage: Stage) -> None:
     require("transformers", "the tests build transformers models")
     out = Path(os.environ.get("DEVICE_CHECK_OUT") or stage.scratch)
     xml = out / "gpu-tests.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", *FILES, "-p", "no:cacheprovider",
-           f"--junitxml={xml}"]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'trainer'}:{ROOT / 'operator'}:{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-m",
+        "gpu",
+        *FILES,
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={xml}",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT / 'trainer'}:{ROOT / 'operator'}:{os.environ.get('PYTHONPATH', '')}",
+    }
     done = subprocess.run(cmd, cwd=ROOT, env=env, timeout=140)
     counts = _counts(xml)
     stage.figures.update({f"tests_{k}": v for k, v in counts.items()})

@@ -31,7 +31,8 @@ def body(stage: Stage) -> None:
     spec = tiny_job(stage.shared)
     loop = Loop(spec, stage.scratch / "run", stage.device)
     stage.check(
-        "fp32 master weights", {p.dtype for p in loop.actor.model.parameters()} == {torch.float32},
+        "fp32 master weights",
+        {p.dtype for p in loop.actor.model.parameters()} == {torch.float32},
         str(sorted({str(p.dtype) for p in loop.actor.model.parameters()})),
     )
     rewards = []
@@ -40,7 +41,10 @@ def body(stage: Stage) -> None:
         m = loop.step(step)
         rewards.append(m["reward/mean"])
         if step % 10 == 0 or step == STEPS - 1:
-            print(f"step {step}: reward {m['reward/mean']:.3f} loss {m.get('actor/loss', float('nan')):.4f}", flush=True)
+            print(
+                f"step {step}: reward {m['reward/mean']:.3f} loss {m.get('actor/loss', float('nan')):.4f}",
+                flush=True,
+            )
     synchronize(stage.device)
     seconds = time.perf_counter() - t0
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
@@ -48,7 +52,9 @@ def body(stage: Stage) -> None:
     stage.figure("grpo_step_seconds", seconds / STEPS, "s")
     stage.figure("grpo_reward_first5", first)
     stage.figure("grpo_reward_last5", last)
-    stage.check("reward rises", last >= first + RISE, f"first 5 steps {first:.3f}, last 5 {last:.3f}, need +{RISE}")
+    stage.check(
+        "reward rises", last >= first + RISE, f"first 5 steps {first:.3f}, last 5 {last:.3f}, need +{RISE}"
+    )
     with loop.actor.compute():
         ids = torch.tensor([[5, 6, 7, 8]], device=loop.actor.device)
         logits_dtype = loop.actor.model(input_ids=ids).logits.dtype
@@ -75,7 +81,11 @@ def body(stage: Stage) -> None:
     stage.figure("resume_next_step_max_abs_diff", diff)
     stage.figure("resume_next_step_loss", [m_live["actor/loss"], m_restored["actor/loss"]])
     stage.check("the next step moved the weights", moved > 0, f"max |dw| {moved:.3g}")
-    stage.check("restored actor's next step equals the live one's", diff <= 1e-6, f"max |w_live - w_restored| {diff:.3g}")
+    stage.check(
+        "restored actor's next step equals the live one's",
+        diff <= 1e-6,
+        f"max |w_live - w_restored| {diff:.3g}",
+    )
 
 
 if __name__ == "__main__":

@@ -77,13 +77,18 @@ def body(stage: Stage) -> None:
     stage.figure("ipc_child_seconds", time.perf_counter() - t0, "s")
     print(done.stdout + done.stderr, flush=True)
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    stage.check("child opened the handles", done.returncode == 0 and line is not None, f"exit {done.returncode}")
-    got = json.loads(line[len("RESULT "):])  # type: ignore[index]
+    stage.check(
+        "child opened the handles", done.returncode == 0 and line is not None, f"exit {done.returncode}"
+    )
+    got = json.loads(line[len("RESULT ") :])  # type: ignore[index]
     stage.figure("ipc_open_seconds", got["open_seconds"], "s")
     for name, t in tensors.items():
         want = tensor_digest([(name, t)])
-        stage.check(f"digest {name} ({t.dtype}, {t.numel() * t.element_size() / 2**20:.0f} MiB)",
-                    got["digests"][name] == want, f"{got['digests'][name][:12]} vs {want[:12]}")
+        stage.check(
+            f"digest {name} ({t.dtype}, {t.numel() * t.element_size() / 2**20:.0f} MiB)",
+            got["digests"][name] == want,
+            f"{got['digests'][name][:12]} vs {want[:12]}",
+        )
     stage.check("tied names share one storage in the child", got["tied_shares_storage"])
     del tensors  # only now: the child has closed its handles
 

@@ -51,7 +51,9 @@ def packed_vs_padded(stage: Stage, model: Any, batch: dict[str, Any]) -> None:
             other, _ = modeling.token_log_probs(model, batch, layout=layout)
         diff = float((padded - other).abs()[valid].max())
         stage.figure(f"{layout}_vs_padded_max_abs_diff_{dtype}", diff)
-        stage.check(f"{layout} vs padded log-probs ({dtype})", diff <= tol, f"max |diff| {diff:.3g}, tolerance {tol}")
+        stage.check(
+            f"{layout} vs padded log-probs ({dtype})", diff <= tol, f"max |diff| {diff:.3g}, tolerance {tol}"
+        )
 
 
 def checkpointing_on_off(stage: Stage, model: Any, batch: dict[str, Any]) -> None:

@@ -18,7 +18,18 @@ from pathlib import Path
 
 from common import Stage, main
 
-OPTIONAL = ["transformers", "safetensors", "yaml", "peft", "pytest", "ray", "vllm", "celpy", "triton", "numpy"]
+OPTIONAL = [
+    "transformers",
+    "safetensors",
+    "yaml",
+    "peft",
+    "pytest",
+    "ray",
+    "vllm",
+    "celpy",
+    "triton",
+    "numpy",
+]
 
 
 def _first_line(cmd: list[str]) -> str:
@@ -89,9 +100,16 @@ def _gpus(stage: Stage) -> None:
     except Exception as err:  # a build without NCCL says so
         stage.figure("nccl", f"unavailable ({err})")
     if shutil.which("nvidia-smi"):
-        stage.figure("nvidia_smi", _first_line(
-            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,compute_cap", "--format=csv,noheader"]
-        ))
+        stage.figure(
+            "nvidia_smi",
+            _first_line(
+                [
+                    "nvidia-smi",
+                    "--query-gpu=name,memory.total,driver_version,compute_cap",
+                    "--format=csv,noheader",
+                ]
+            ),
+        )
     stage.check("driver meets the floor of torch's CUDA", verdict.ok, verdict.message)
 
 

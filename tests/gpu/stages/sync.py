@@ -30,7 +30,9 @@ def weights(device: str, mib: int = 256) -> list[tuple[str, Any]]:
 
     g = torch.Generator().manual_seed(0)
     shapes = [(4096, 4096)] * (mib // 32) + [(257,), (1024, 3)]  # large ones alone, small ones packed
-    return [(f"w{i}", torch.randn(s, generator=g).to(torch.bfloat16).to(device)) for i, s in enumerate(shapes)]
+    return [
+        (f"w{i}", torch.randn(s, generator=g).to(torch.bfloat16).to(device)) for i, s in enumerate(shapes)
+    ]
 
 
 def one_rank_broadcast(stage: Stage) -> None:
@@ -53,8 +55,11 @@ def one_rank_broadcast(stage: Stage) -> None:
     synchronize(stage.device)
     stage.figure("one_rank_broadcast_seconds", time.perf_counter() - t0, "s")
     stage.figure("one_rank_broadcast_buckets", stats.buckets)
-    stage.check("one-rank bucketed broadcast completes, tensors intact",
-                stats.buckets > 0 and tensor_digest(items) == digest, f"{stats.buckets} buckets")
+    stage.check(
+        "one-rank bucketed broadcast completes, tensors intact",
+        stats.buckets > 0 and tensor_digest(items) == digest,
+        f"{stats.buckets} buckets",
+    )
 
 
 def receiver(port: int, out: str) -> None:
@@ -92,7 +97,9 @@ def two_gpu_broadcast(stage: Stage) -> None:
     rx.wait(timeout=60)
     got = json.loads(out.read_text())
     stage.figure("two_gpu_sync_gb_per_s", res.stats.bytes / seconds / 1e9, "GB/s")
-    stage.check("two-GPU NCCL sync: bit-exact", got["digest"] == tensor_digest(items) and res.members == ["r1"])
+    stage.check(
+        "two-GPU NCCL sync: bit-exact", got["digest"] == tensor_digest(items) and res.members == ["r1"]
+    )
 
 
 def dead_receiver(stage: Stage) -> None:
@@ -110,8 +117,11 @@ def dead_receiver(stage: Stage) -> None:
     seconds = time.perf_counter() - t0
     bound = 4 * SYNC_TIMEOUT + 10
     stage.figure("dead_receiver_dropped_after_s", seconds, "s")
-    stage.check("a receiver that never connects is dropped", res.dropped == ["r1"] and res.members == [],
-                f"dropped {res.dropped}, members {res.members}")
+    stage.check(
+        "a receiver that never connects is dropped",
+        res.dropped == ["r1"] and res.members == [],
+        f"dropped {res.dropped}, members {res.members}",
+    )
     stage.check("within its timeout bound", seconds <= bound, f"{seconds:.1f} s, bound {bound:.0f} s")
     group.close()
 
