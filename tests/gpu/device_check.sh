@@ -8,8 +8,9 @@
 #   PYTHON=/path/to/python bash tests/gpu/device_check.sh OUTDIR
 #
 # Writes OUTDIR/device_check.log, OUTDIR/device_check.xml (JUnit), OUTDIR/figures.json, and
-# OUTDIR/gpu-tests.xml (the GPU tests' own JUnit, when they ran); scratch data (models,
-# checkpoints) goes to a mktemp directory, removed at the end. Without a GPU every GPU stage is
+# OUTDIR/gpu-tests.xml (the GPU tests' own JUnit, when they ran); scratch data (checkpoints, the
+# MFU model) goes to a mktemp directory, removed at the end; the tiny model is made once in the
+# project's model cache (~/.cache/rlhf-operator/models, as the GPU tests do). Without a GPU every GPU stage is
 # reported "needs a GPU" and skipped, and the check exits 0. The full check for a machine with
 # Ray and vLLM is tests/gpu/run.sh.
 set -euo pipefail

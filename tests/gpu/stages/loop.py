@@ -8,6 +8,7 @@ The job is the quickstart's (manifests/examples/quickstart.yaml: tiny arithmetic
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,21 @@ class InProcessGroup:
         return [getattr(w, method)(*args, **kwargs) for w, args in zip(self.workers, per_rank)]
 
 
+#: The tiny model's directory: the project's model cache, the one the GPU tests use too, so one
+#: check bootstraps it once (about half a minute on one CPU thread) and a second check not at all.
+MODEL = Path(
+    os.environ.get("DEVICE_CHECK_MODEL", "~/.cache/rlhf-operator/models/tiny-arithmetic")
+).expanduser()
+
+
 def tiny_job(shared: Path, dtype: str = "bfloat16", **training: Any) -> Any:
-    """The quickstart's spec on the tiny arithmetic model, bootstrapped into `shared` (once for
-    every stage of a check: `ensure_model` holds a lock while it builds)."""
+    """The quickstart's spec on the tiny arithmetic model (`MODEL`, bootstrapped when missing:
+    `ensure_model` holds a lock while it builds), its prompts written into `shared`."""
     from rlhf_trainer.bootstrap import ensure_model, write_prompts
     from rlhf_trainer.spec import ModelSpec, parse_spec
 
-    model, prompts = shared / "tiny-arithmetic", shared / "prompts.jsonl"
+    shared.mkdir(parents=True, exist_ok=True)
+    model, prompts = MODEL, shared / "prompts.jsonl"
     ensure_model(ModelSpec(path=str(model), bootstrap="tiny-arithmetic"))
     if not prompts.is_file():
         write_prompts("tiny-arithmetic", prompts, n=1024, seed=0)
