@@ -6,6 +6,7 @@
 #
 #   bash tests/gpu/device_check.sh OUTDIR                # the machine's python3
 #   PYTHON=/path/to/python bash tests/gpu/device_check.sh OUTDIR
+#   bash tests/gpu/device_check.sh OUTDIR --only grpo fsdp   # a rerun of some stages (machine always runs)
 #
 # Writes OUTDIR/device_check.log, OUTDIR/device_check.xml (JUnit), OUTDIR/figures.json, and
 # OUTDIR/gpu-tests.xml (the GPU tests' own JUnit, when they ran); scratch data (checkpoints, the
@@ -14,8 +15,9 @@
 # reported "needs a GPU" and skipped, and the check exits 0. The full check for a machine with
 # Ray and vLLM is tests/gpu/run.sh.
 set -euo pipefail
-[ $# -eq 1 ] || { echo "usage: $0 OUTDIR" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 OUTDIR [--only STAGE...]" >&2; exit 2; }
 OUTDIR=$1
+shift
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 cd "$(dirname "$0")/../.."
@@ -27,4 +29,4 @@ SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/rlhf-device-check.XXXXXX")
 trap 'rm -rf "$SCRATCH"' EXIT
 # The whole check is bounded too (the driver's own budget is 470 s; this is the backstop).
 timeout --kill-after=10 "${DEVICE_CHECK_TIMEOUT_S:-490}" \
-  "$PYTHON" tests/gpu/device_check.py --out "$OUTDIR" --scratch "$SCRATCH"
+  "$PYTHON" tests/gpu/device_check.py --out "$OUTDIR" --scratch "$SCRATCH" "$@"
