@@ -2,20 +2,20 @@
 # Three images from one source tree:
 #
 #   docker build --target operator    -t ghcr.io/rlhf-operator/operator:0.1.0    .  # kopf operator: slim, non-root, no torch
-#   docker build --target trainer     -t ghcr.io/rlhf-operator/trainer:0.1.0     .  # controller + role pods on GPUs: CUDA, torch, vLLM, Ray
-#   docker build --target trainer-cpu -t ghcr.io/rlhf-operator/trainer-cpu:0.1.0 .  # the same on CPU nodes: no CUDA base, no vLLM
+#   docker build --target trainer     -t ghcr.io/rlhf-operator/trainer:0.1.0     .  # controller + role pods on GPUs: torch + vLLM (CUDA 13 wheels), Ray; driver >= 580
+#   docker build --target trainer-cpu -t ghcr.io/rlhf-operator/trainer-cpu:0.1.0 .  # the same on CPU nodes: no vLLM
 #
-# BASE_IMAGE is the Python base of the operator and trainer-cpu images. Where Docker Hub cannot be
+# BASE_IMAGE is the Python base of every image (the GPU trainer's CUDA comes with its wheels). Where Docker Hub cannot be
 # reached, any Debian/Ubuntu image with python3 (>= 3.10, with venv) does: scripts/images.sh makes
 # one from Debian's packages with mmdebstrap and builds these targets with buildah.
 #
-# Each image installs its dependencies in a layer keyed on pyproject.toml alone, then the project
-# as one small wheel: a change of the source rebuilds only that last layer. PIP_CACHE_DIR lets a
+# Each image installs its dependencies in a layer keyed on pyproject.toml and its pin file alone
+# (constraints/<operator|trainer-cpu|trainer-gpu>.txt, `name==version` per line, applied with pip's
+# `-c` when present), then the project as one small wheel: a change of the source rebuilds only
+# that last layer. PIP_CACHE_DIR lets a
 # builder without BuildKit cache mounts point pip at a mounted cache (scripts/images.sh does).
 
 ARG BASE_IMAGE=python:3.11-slim
-ARG CUDA_IMAGE=nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
-ARG PYTHON_VERSION=3.11
 
 # ---------------------------------------------------------------------------------------------
 # The project as a wheel (no dependencies), built once.
@@ -37,10 +37,12 @@ ARG PIP_CACHE_DIR=/root/.cache/pip
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_CACHE_DIR=${PIP_CACHE_DIR} \
     PIP_DISABLE_PIP_VERSION_CHECK=1 VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
 COPY pyproject.toml scripts/image_requirements.py /opt/requirements/
+COPY constraints/ /opt/requirements/constraints/
 RUN --mount=type=cache,target=/root/.cache/pip \
     python3 -m venv $VIRTUAL_ENV \
  && pip install --upgrade pip \
- && python3 /opt/requirements/image_requirements.py /opt/requirements/pyproject.toml operator >/opt/requirements/operator.txt \
+ && python3 /opt/requirements/image_requirements.py /opt/requirements/pyproject.toml \
+      --constraints /opt/requirements/constraints/operator.txt operator >/opt/requirements/operator.txt \
  && pip install -r /opt/requirements/operator.txt
 COPY --from=wheels /wheels /opt/wheels
 RUN pip install --no-deps --no-index /opt/wheels/*.whl \
@@ -59,10 +61,12 @@ ARG PIP_CACHE_DIR=/root/.cache/pip
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_CACHE_DIR=${PIP_CACHE_DIR} \
     PIP_DISABLE_PIP_VERSION_CHECK=1 VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
 COPY pyproject.toml scripts/image_requirements.py /opt/requirements/
+COPY constraints/ /opt/requirements/constraints/
 RUN --mount=type=cache,target=/root/.cache/pip \
     python3 -m venv $VIRTUAL_ENV \
  && pip install --upgrade pip \
- && python3 /opt/requirements/image_requirements.py /opt/requirements/pyproject.toml trainer operator >/opt/requirements/trainer.txt \
+ && python3 /opt/requirements/image_requirements.py /opt/requirements/pyproject.toml \
+      --constraints /opt/requirements/constraints/trainer-cpu.txt trainer operator >/opt/requirements/trainer.txt \
  && pip install -r /opt/requirements/trainer.txt
 COPY --from=wheels /wheels /opt/wheels
 # The pods run with runAsUser 1000 and a read-only root filesystem; /tmp and /dev/shm are volumes.
@@ -75,24 +79,49 @@ ENTRYPOINT []
 CMD ["rlhf", "--help"]
 
 # ---------------------------------------------------------------------------------------------
-# Trainer for GPU nodes: the same on a CUDA base, with vLLM. The default (last) target.
-FROM ${CUDA_IMAGE} AS trainer
-ARG PYTHON_VERSION
+# Trainer for GPU nodes: the same with vLLM, on the same plain base. The torch and vLLM wheels from
+# PyPI carry their CUDA user-space libraries (torch 2.13+: CUDA 13, the nvidia-* and cuda-toolkit
+# wheels), so the base needs no CUDA of its own; what it needs from the node is the NVIDIA driver,
+# R580 or newer for CUDA 13 (NVIDIA's minor-version compatibility table; the labels below, the
+# pods' start-up check `rlhf_trainer.gpu_preflight`, and the container toolkit's
+# NVIDIA_REQUIRE_CUDA all say so). Also in this image: a C compiler and the Python headers
+# (Triton compiles its launchers at run time: without them vLLM's kernels fail inside `LLM()`),
+# and the InfiniBand verbs libraries NCCL loads for RDMA (rdma-core's runtime packages:
+# libibverbs1, its providers such as mlx5, librdmacm1; without them NCCL silently uses TCP).
+# The default (last) target. Package versions: constraints/trainer-gpu.txt when present.
+FROM ${BASE_IMAGE} AS trainer
 ARG PIP_CACHE_DIR=/root/.cache/pip
+# The CUDA major version the wheels carry and its driver floor (checked against torch below).
+ARG CUDA_VERSION=13
+ARG CUDA_DRIVER_MIN=580
+LABEL org.opencontainers.image.title="rlhf-operator trainer (GPU)" \
+      org.opencontainers.image.description="Controller and role pods on NVIDIA GPUs: torch, vLLM, Ray; CUDA ${CUDA_VERSION} from the wheels, needs NVIDIA driver >= ${CUDA_DRIVER_MIN}" \
+      dev.rlhf.cuda.version="${CUDA_VERSION}" \
+      dev.rlhf.cuda.driver-min="${CUDA_DRIVER_MIN}"
 ENV DEBIAN_FRONTEND=noninteractive PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     PIP_CACHE_DIR=${PIP_CACHE_DIR} PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
+    VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH \
+    RLHF_CUDA_DRIVER_MIN=${CUDA_DRIVER_MIN} \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    NVIDIA_REQUIRE_CUDA="cuda>=${CUDA_VERSION}.0"
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python${PYTHON_VERSION} python${PYTHON_VERSION}-venv ca-certificates \
- && rm -rf /var/lib/apt/lists/* \
- && python${PYTHON_VERSION} -m venv $VIRTUAL_ENV
+ && apt-get install -y --no-install-recommends ca-certificates gcc libc6-dev \
+      libibverbs1 ibverbs-providers librdmacm1 \
+ && { python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+      || apt-get install -y --no-install-recommends python3-dev; } \
+ && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml scripts/image_requirements.py /opt/requirements/
+COPY constraints/ /opt/requirements/constraints/
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install --upgrade pip \
- && python /opt/requirements/image_requirements.py /opt/requirements/pyproject.toml trainer operator gpu >/opt/requirements/trainer.txt \
+    python3 -m venv $VIRTUAL_ENV \
+ && pip install --upgrade pip \
+ && python3 /opt/requirements/image_requirements.py /opt/requirements/pyproject.toml \
+      --constraints /opt/requirements/constraints/trainer-gpu.txt trainer operator gpu >/opt/requirements/trainer.txt \
  && pip install -r /opt/requirements/trainer.txt
 COPY --from=wheels /wheels /opt/wheels
+# The labels must say what torch carries: the build stops here otherwise.
 RUN pip install --no-deps --no-index /opt/wheels/*.whl \
+ && python -m rlhf_trainer.gpu_preflight --labels "${CUDA_VERSION}" "${CUDA_DRIVER_MIN}" \
  && useradd --uid 1000 --user-group --create-home --shell /usr/sbin/nologin rlhf
 USER 1000:1000
 WORKDIR /home/rlhf

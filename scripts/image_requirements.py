@@ -5,6 +5,11 @@ pyproject.toml, so that a change of the project's source rebuilds only the small
 the project itself:
 
     python3 image_requirements.py pyproject.toml trainer operator
+    python3 image_requirements.py pyproject.toml --constraints constraints/trainer-gpu.txt trainer operator gpu
+
+With `--constraints FILE` and FILE present, the first line is `-c FILE`: pip then installs exactly
+the versions FILE pins (`name==version` per line), so two builds of one commit get the same
+packages. An absent FILE is skipped (the pins are not written yet), with a note on stderr.
 """
 
 from __future__ import annotations
@@ -41,12 +46,23 @@ def requirements(pyproject: dict, extras: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 1:
-        print("usage: image_requirements.py PYPROJECT [EXTRA...]", file=sys.stderr)
-        return 2
-    with open(argv[0], "rb") as f:
+    import argparse
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(prog="image_requirements.py")
+    ap.add_argument("pyproject")
+    ap.add_argument("--constraints", metavar="FILE", help="pin file to apply when it exists")
+    ap.add_argument("extras", nargs="*")
+    a = ap.parse_intermixed_args(argv)
+    with open(a.pyproject, "rb") as f:
         doc = tomllib.load(f)
-    print("\n".join(requirements(doc, argv[1:])))
+    lines = requirements(doc, a.extras)
+    if a.constraints:
+        if Path(a.constraints).is_file():
+            lines.insert(0, f"-c {a.constraints}")
+        else:
+            print(f"image_requirements.py: no {a.constraints}: versions are not pinned", file=sys.stderr)
+    print("\n".join(lines))
     return 0
 
 

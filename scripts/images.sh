@@ -12,6 +12,13 @@
 # (no container registry needed). pip's cache ($PIP_CACHE_DIR or ~/.cache/pip) is mounted into the
 # build, so wheels the host already downloaded are not fetched again.
 #
+# Pins: each target installs the exact versions of constraints/<target>.txt when that file exists
+# (operator.txt, trainer-cpu.txt, trainer-gpu.txt for `trainer`; `name==version` per line), so two
+# builds of one commit get the same packages; the files are part of the source hash.
+#
+# The `trainer` (GPU) target is a CPU build of CUDA wheels: ~10 GB of downloads, never part of the
+# cold test path (scripts/test.sh); scripts/check_gpu_image.sh checks its archive without a GPU.
+#
 # Environment: RLHF_CACHE_DIR (default ~/.cache/rlhf-operator), RLHF_BASE_IMAGE, RLHF_DEBIAN_MIRROR
 # (default http://deb.debian.org/debian), RLHF_IMAGES_KEEP (archives kept per target, default 1: a trainer archive is 6-7 GB).
 set -euo pipefail
@@ -71,7 +78,7 @@ log "base image: $base"
 hash=$( {
   echo "$base"
   git ls-files -co --exclude-standard -- Dockerfile .dockerignore pyproject.toml README.md \
-    scripts/image_requirements.py operator trainer | LC_ALL=C sort | while read -r f; do
+    scripts/image_requirements.py constraints operator trainer | LC_ALL=C sort | while read -r f; do
       [ -f "$f" ] && printf '%s %s\n' "$f" "$(sha256sum <"$f" | cut -c1-64)"
     done
 } | sha256sum | cut -c1-12)
@@ -83,8 +90,17 @@ for f in /etc/ssl/certs/ca-certificates.crt /etc/pip.conf; do
   [ -f "$f" ] && host_trust+=(--volume "$f:$f:ro")
 done
 
+# The pin file of a target (the Dockerfile applies it when present).
+pins() { case "$1" in trainer) echo constraints/trainer-gpu.txt ;; *) echo "constraints/$1.txt" ;; esac; }
+[ -d constraints ] || die "no constraints/ directory (the Dockerfile copies it; it may hold only .gitkeep)"
+
 for target in "${TARGETS[@]}"; do
   ref="localhost/rlhf-operator/$target:$hash"
+  if [ -f "$(pins "$target")" ]; then
+    log "$target: pinned by $(pins "$target") ($(grep -c '==' "$(pins "$target")") pins)"
+  else
+    log "$target: no $(pins "$target"): versions are not pinned (pip resolves the newest)"
+  fi
   archive="$OUT/$target-$hash.tar"
   if [ -s "$archive" ]; then
     log "$target: cached ($archive)"

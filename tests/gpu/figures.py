@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import sys
 import time
@@ -110,21 +109,22 @@ def train_step_mfu(results: dict[str, Any], work: Path, peak_tflops: float, seq:
 
 
 def _sync_rank(rank: int, port: int, size_mb: int, out: str) -> None:
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
     from datetime import timedelta
 
     import torch.distributed as dist
 
     from rlhf_trainer.sync import SyncGroup, WeightReceiver, connect_store
 
-    torch.cuda.set_device(0)
+    # The rank's GPU by index: CUDA_VISIBLE_DEVICES set here would come after CUDA's initialisation.
+    torch.cuda.set_device(rank)
+    device = f"cuda:{rank}"
     numel = size_mb * 2**20 // 2
-    flat = torch.randn(numel, device="cuda").to(torch.bfloat16)
+    flat = torch.randn(numel, device=device).to(torch.bfloat16)
     names = [(f"t{i}", flat[i * (numel // 64) : (i + 1) * (numel // 64)]) for i in range(64)]
     store = connect_store("127.0.0.1", port, is_source=rank == 0, timeout=120)
-    group = SyncGroup(store, "actor" if rank == 0 else "r1", timeout=60, backend="nccl", device="cuda")
+    group = SyncGroup(store, "actor" if rank == 0 else "r1", timeout=60, backend="nccl", device=device)
     group.rebuild(["actor", "r1"], 1)
-    sink = WeightReceiver(device="cuda")
+    sink = WeightReceiver(device=device)
     times = []
     for version in range(4):  # the first is a warm-up (communicator creation)
         torch.cuda.synchronize()

@@ -6,7 +6,10 @@
 #   tests/gpu/run.sh                 # from the repository root, in the project's environment
 #   PYTHON=/path/to/python tests/gpu/run.sh   # default: .venv/bin/python, else python3
 #
-# Budget: under 8 minutes on one H200 (the tests ~2 min, MFU ~1 min, GRPO ~3 min).
+# Budget: under 8 minutes on one H200 (the tests ~2 min, MFU ~1 min, GRPO ~3 min). For a short
+# lease on a machine without Ray or vLLM, run tests/gpu/device_check.sh OUTDIR instead (first).
+# $OUT gets the small files (JUnit XML, figures.json); models and run directories go to a mktemp
+# scratch directory, removed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ -z "${PYTHON:-}" ]; then
@@ -22,11 +25,13 @@ if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
+SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/rlhf-gpu-run.XXXXXX")
+trap 'rm -rf "$SCRATCH"' EXIT
 status=0
 # The GPU tests: this directory, and every test marked `gpu` elsewhere in the suite.
 timeout 300 "$PYTHON" -m pytest -q -m gpu tests/gpu tests/trainer -p no:cacheprovider \
   --junitxml="$OUT/gpu-tests.xml" || status=$?
 # The figures (each printed as `figure: name = value`).
-timeout 360 "$PYTHON" tests/gpu/figures.py --work "$OUT/work" --json "$OUT/figures.json" || status=$?
+timeout 360 "$PYTHON" tests/gpu/figures.py --work "$SCRATCH" --json "$OUT/figures.json" || status=$?
 echo "gpu run: exit $status; figures in $OUT/figures.json"
 exit $status

@@ -26,10 +26,21 @@ sys.path.insert(0, str(ROOT / "tests" / "trainer" / "runtime"))
 
 
 def _gpus() -> int:
+    """GPUs of this process. Called inside tests only, never at import: spawned ranks import this
+    module, and a CUDA query there would initialise CUDA before the rank picks its device."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-needs_two = pytest.mark.skipif(_gpus() < 2, reason="needs a GPU pair (NCCL puts one rank per GPU)")
+def _need_gpus(n: int) -> None:
+    if _gpus() < n:
+        pytest.skip(f"needs {n} GPUs (NCCL puts one rank per GPU)")
+
+
+def _rank_device(rank: int) -> str:
+    """A spawned rank's GPU, chosen by index (CUDA may already be initialised in the rank, so
+    CUDA_VISIBLE_DEVICES set here would be ignored and every rank would land on GPU 0)."""
+    torch.cuda.set_device(rank)
+    return f"cuda:{rank}"
 
 
 def _free_port() -> int:
@@ -51,7 +62,7 @@ def tiny_model() -> Path:
 
 def test_a_rank_given_gpus_computes_on_its_gpu(tiny_model: Path) -> None:
     """Ray gives the rank the GPU its placement asked for; the worker computes on cuda:0 of it."""
-    import ray
+    ray = pytest.importorskip("ray", reason="needs Ray (the device check runs without it)")
 
     from rlhf_trainer import placement
     from rlhf_trainer.spec import parse_spec
@@ -102,7 +113,7 @@ def test_bf16_on_gpu_keeps_fp32_master_weights_and_moves_them_at_lr_1e_6(tiny_mo
 
 
 def _fsdp_rank(rank: int, world: int, port: int, model: str, out: str) -> None:
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)  # as Ray sets it: this rank's GPU is cuda:0
+    device = _rank_device(rank)
     sys.path.insert(0, str(ROOT / "tests" / "trainer" / "runtime"))
     import torch.distributed as dist
     from precision_ranks import batch, full_weights, spec_for, train_once
@@ -110,7 +121,7 @@ def _fsdp_rank(rank: int, world: int, port: int, model: str, out: str) -> None:
     from rlhf_trainer.workers import ActorWorker
 
     worker = ActorWorker(
-        spec_for(Path(model), "bfloat16", lr=1e-6, micro=2), rank=rank, world_size=world, device="cuda"
+        spec_for(Path(model), "bfloat16", lr=1e-6, micro=2), rank=rank, world_size=world, device=device
     )
     worker.init_group(("127.0.0.1", port))
     assert dist.get_backend() == "nccl"
@@ -143,8 +154,7 @@ def _fsdp_rank(rank: int, world: int, port: int, model: str, out: str) -> None:
 @pytest.mark.parametrize("world", [1, 2])
 def test_fsdp2_over_nccl(tiny_model: Path, tmp_path: Path, world: int) -> None:
     """FSDP2 ranks on NCCL: bf16 compute, fp32 shards, metrics and flags on the GPU."""
-    if world > _gpus():
-        pytest.skip(f"needs {world} GPUs (NCCL puts one rank per GPU)")
+    _need_gpus(world)
     import torch.multiprocessing as mp
 
     out = tmp_path / "fsdp.pt"
@@ -155,16 +165,15 @@ def test_fsdp2_over_nccl(tiny_model: Path, tmp_path: Path, world: int) -> None:
 
 def _sync_member(rank: int, port: int, mode: str, out: str) -> None:
     """Rank 0 the source, rank 1 a receiver; `mode` dead: the receiver leaves before the stream."""
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
-    torch.cuda.set_device(0)
+    device = _rank_device(rank)
     from rlhf_trainer.sync import SyncGroup, WeightReceiver, connect_store, tensor_digest
 
     store = connect_store("127.0.0.1", port, is_source=rank == 0, timeout=60)
     me = "actor" if rank == 0 else "r1"
-    group = SyncGroup(store, me, timeout=5.0, backend="nccl", device="cuda")
+    group = SyncGroup(store, me, timeout=5.0, backend="nccl", device=device)
     group.rebuild(["actor", "r1"], 1)
     gen = torch.Generator(device="cpu").manual_seed(0)
-    weights = {f"w{i}": torch.randn(1024, 257, generator=gen).to(torch.bfloat16).cuda() for i in range(6)}
+    weights = {f"w{i}": torch.randn(1024, 257, generator=gen).to(torch.bfloat16).to(device) for i in range(6)}
     if rank == 0:
         res = group.push(weights.items(), version=3)
         torch.save(
@@ -173,16 +182,16 @@ def _sync_member(rank: int, port: int, mode: str, out: str) -> None:
         return
     if mode == "dead":
         os._exit(0)  # gone without a word: no stream, no ack
-    sink = WeightReceiver(device="cuda")
+    sink = WeightReceiver(device=device)
     group.receive(sink)
     torch.save({"digest": tensor_digest(sink.tensors.items())}, out + ".rx")
 
 
-@needs_two
 @pytest.mark.parametrize("mode", ["alive", "dead"])
 def test_nccl_weight_sync(tmp_path: Path, mode: str) -> None:
     """The NCCL backend keeps the gloo path's semantics: bit-exact to a live receiver; a dead one
     is dropped after the timeout and the source (the trainer) lives on."""
+    _need_gpus(2)
     import torch.multiprocessing as mp
 
     out = str(tmp_path / "sync.pt")

@@ -92,8 +92,9 @@ def test_waits_for_a_head_that_starts_late_then_execs_ray_start(
             3,  # RLHF_RAY_START_ATTEMPTS' default
         )
     ]
+    assert lines[0].startswith("GPU preflight: ")  # a GPU pod checks its driver before anything else
     assert (
-        lines[0]
+        lines[1]
         == f"pod j-actor-1 (actor 1, restart attempt 0): waiting for the Ray head at {address} (up to 30 s)"
     )
     assert lines[-1].startswith(f"the Ray head at {address} answered after ")

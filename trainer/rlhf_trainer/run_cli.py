@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlhf_trainer import contract, ray_node
+from rlhf_trainer import contract, gpu_preflight, ray_node
 
 #: Where the operator mounts the job's manifest in the controller pod.
 DEFAULT_SPEC_FILE = contract.SPEC_FILE
@@ -87,6 +87,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     job = _load(args.manifest)
     if job is None:
         return 2
+    if rc := gpu_preflight.exit_code_for_job(job.spec):  # GPU roles on this machine: its driver first
+        return rc
     return _run(
         job,
         Path(args.manifest).resolve().parent,

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rlhf_trainer import contract, ray_node
+from rlhf_trainer import contract, gpu_preflight, ray_node
 
 #: How often the wait logs where it stands, and how often it probes the head.
 LOG_EVERY_S = 5.0
@@ -264,6 +264,8 @@ def run_worker(
     except ValueError as err:
         log(str(err))
         return 2
+    if num_gpus > 0 and (rc := gpu_preflight.exit_code(log)):  # the driver first, before Ray starts
+        return rc
     log(f"{describe_pod()}: waiting for the Ray head at {host}:{port} (up to {timeout:g} s)")
     try:
         waited = wait_for_head(host, port, timeout, log=log)

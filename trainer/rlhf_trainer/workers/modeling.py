@@ -154,8 +154,13 @@ def response_logits(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
     t = batch["response_ids"].shape[1]
     keep = _logits_to_keep_kwarg(model)
     kwargs = {keep: t + 1} if keep else {}
+    # use_cache=False: a KV cache would grow again in activation checkpointing's recompute.
     logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        **kwargs,
     ).logits
     if logits.shape[1] == t + 1:  # (B, T+1, V): positions P-1 .. P+T-1
         return _fp32(logits[:, :t, :])  # (B, T, V)
