@@ -69,7 +69,9 @@ def test_a_job_nested_1000_deep_fails_and_the_other_tenant_runs(
     doc["spec"]["reward"]["functions"][0]["kwargs"] = "KWARGS"
     depth = 1000
     text = json.dumps(doc).replace('"KWARGS"', '{"a": ' * depth + "1" + "}" * depth)
-    cluster.request("POST", _jobs_path(namespace), body=text, raw=True)  # the API server stores it
+    # The API server stores it. Sent as YAML (JSON is YAML): the client re-encodes a str body
+    # given as application/json into one JSON string, which the server refuses (400).
+    cluster.request("POST", _jobs_path(namespace), body=text, content_type="application/yaml", raw=True)
     api.apply(grpo_job(other))
     cond = _failed(api, cluster, deep)
     assert cond["reason"] == "InvalidSpec"
