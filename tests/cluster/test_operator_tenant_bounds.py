@@ -84,6 +84,17 @@ def test_a_job_nested_1000_deep_fails_and_the_other_tenant_runs(
     assert growth < RSS_GROWTH_LIMIT
 
 
+def _half_job(name: str) -> dict[str, Any]:
+    """A GRPO job on half of each GPU pool (16 of the 32 H100s, 4 of the 8 L4s), so that two
+    tenants' jobs fit the test cluster side by side: the full example takes 24 H100s and every L4,
+    and a second one would wait for the scheduler whatever the operator did."""
+    doc = grpo_job(name)
+    roles = doc["spec"]["roles"]
+    roles["actor"]["replicas"] = 1
+    roles["rollout"].update(replicas=1, minReplicas=1, maxReplicas=1)
+    return doc
+
+
 def test_a_forged_restart_count_costs_the_operator_nothing(
     cluster: Cluster,
     namespace: str,
@@ -91,14 +102,14 @@ def test_a_forged_restart_count_costs_the_operator_nothing(
 ) -> None:
     api = Api(cluster, namespace)
     forged, other = unique("forged"), unique("other")
-    api.apply(grpo_job(forged))
+    api.apply(_half_job(forged))
     api.wait_phase(forged, "Running")
     rss_before = operator.peak_rss_bytes()
     # What a controller pod could write where the status policy is absent (admin here).
     api.custom.patch_namespaced_custom_object_status(
         GROUP, VERSION, namespace, PLURAL, forged, {"status": {"restarts": 10**12, "phase": "Restarting"}}
     )
-    api.apply(grpo_job(other))
+    api.apply(_half_job(other))
     api.wait_phase(other, "Running", timeout=120)
     assert operator.proc is not None and operator.proc.poll() is None, operator.log_tail()
     wait_for(lambda: 0 < (api.status(forged).get("restarts") or 0) <= 1_000_000, timeout=60, what="clamped")
