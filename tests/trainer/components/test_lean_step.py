@@ -114,9 +114,10 @@ def test_a_wrong_old_log_prob_changes_the_gradients(tiny_lm_dir):
     assert any(not torch.allclose(a, b, rtol=1e-3, atol=1e-6) for a, b in zip(exact, stale))
 
 
-def _ctx(**training: Any) -> Any:
+def _ctx(correction: bool = False, **training: Any) -> Any:
     t = {"epochs_per_batch": 1, "mini_batch_size": 0, **training}
-    return SimpleNamespace(spec=SimpleNamespace(training=SimpleNamespace(**t)))
+    algorithm = SimpleNamespace(rollout_correction=SimpleNamespace(enabled=correction))
+    return SimpleNamespace(spec=SimpleNamespace(training=SimpleNamespace(**t), algorithm=algorithm))
 
 
 @pytest.mark.parametrize(
@@ -129,6 +130,8 @@ def _ctx(**training: Any) -> Any:
         ({"epochs_per_batch": 2}, "grpo", {"klCoef": 0.0}, True),
         ({"mini_batch_size": 4}, "grpo", {"klCoef": 0.0}, True),
         ({"mini_batch_size": 8}, "grpo", {"klCoef": 0.0}, False),  # one mini-batch of all 8 rows
+        # spec.algorithm.rolloutCorrection weighs the trainer's log-probs against the engine's
+        ({"correction": True}, "grpo", {"klCoef": 0.0}, True),
     ],
 )
 def test_when_the_old_log_prob_pass_runs(training, name, params, needed):
