@@ -87,6 +87,18 @@ def pinned_versions() -> dict[str, str]:
     return {names[k]: v for k, v in found.items()}
 
 
+def helm_capabilities() -> list[str]:
+    """What `helm install` would learn from this harness's API server, for `helm template` (which
+    asks no cluster): its Kubernetes version and the ValidatingAdmissionPolicy API that v1.30+
+    serves (the chart renders the status-writers policy only where both say so)."""
+    return [
+        "--kube-version",
+        pinned_versions()["kubernetes"],
+        "--api-versions",
+        "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",
+    ]
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("RLHF_CACHE_DIR") or Path.home() / ".cache" / "rlhf-operator")
 

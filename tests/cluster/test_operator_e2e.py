@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import pytest
 import yaml
-from harness import Cluster, assets_dir, pinned_versions, wait_for
+from harness import Cluster, assets_dir, helm_capabilities, wait_for
 
 from rlhf_operator.testing import OperatorProcess
 
@@ -36,8 +36,8 @@ def render_chart(*values: str, namespace: str = OPERATOR_NS, include_crds: bool 
     import subprocess
 
     cmd = [str(assets_dir() / "helm"), "template", "rlhf-operator", str(CHART), "--namespace", namespace]
-    # Rendered for the harness's own Kubernetes (the status-writers policy needs 1.30 or later).
-    cmd += ["--kube-version", pinned_versions()["kubernetes"]]
+    # Rendered for the harness's own API server (the status-writers policy needs 1.30 or later).
+    cmd += helm_capabilities()
     if not include_crds:
         cmd += ["--set", "crds.install=false"]
     for v in values:

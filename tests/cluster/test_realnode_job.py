@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 import yaml
-from harness import Cluster, ClusterError, assets_dir, pinned_versions, wait_for
+from harness import Cluster, ClusterError, assets_dir, helm_capabilities, wait_for
 from realnode import NODE_NAME, POOL, POOL_LABEL, TAINT_KEY, TOLERATION
 from test_operator_e2e import CHART, installed  # noqa: F401  (installed is a fixture)
 
@@ -75,8 +75,7 @@ def _render_operator(images: dict[str, str], namespace: str, operator_ns: str) -
         str(CHART),
         "--namespace",
         operator_ns,
-        "--kube-version",  # as `helm install` would learn from the API server
-        pinned_versions()["kubernetes"],
+        *helm_capabilities(),  # as `helm install` would learn from the API server
         "-f",
         str(CHART / "ci" / "realnode-values.yaml"),
         "--set",
