@@ -442,6 +442,13 @@ ENV_RAY_worker_niceness = _declare(
     "user",
     default="0",
 )
+ENV_CUDA_DRIVER_MIN = _declare(
+    "RLHF_CUDA_DRIVER_MIN",
+    "The oldest NVIDIA driver branch the image's CUDA wheels run on (the GPU image sets it beside "
+    "its label dev.rlhf.cuda.driver-min); GPU pods check the node's driver against it at start "
+    "(`gpu_preflight`). Unset: the floor of torch's CUDA major version.",
+    "user",
+)
 ENV_WORKER_CPUS = _declare(
     "RLHF_WORKER_CPUS", "Logical CPUs each worker asks Ray for.", "user", default="0.25"
 )

@@ -16,7 +16,6 @@ to read its build's CUDA version, which initialises nothing.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -26,10 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlhf_trainer import contract
+
 #: The minimum Linux driver branch for each CUDA major version (minor-version compatibility).
 DRIVER_FLOOR_BY_CUDA_MAJOR = {13: "580", 12: "525", 11: "450"}
 #: Overrides the floor (the image sets it to the floor of the CUDA its wheels carry).
-ENV_DRIVER_MIN = "RLHF_CUDA_DRIVER_MIN"
+ENV_DRIVER_MIN = contract.ENV_CUDA_DRIVER_MIN.name
 #: The image's OCI label with the same floor (for `scripts/check_gpu_image.sh` and registries).
 LABEL_DRIVER_MIN = "dev.rlhf.cuda.driver-min"
 LABEL_CUDA = "dev.rlhf.cuda.version"
@@ -168,9 +169,8 @@ def judge(found: str | None, where: str, needed: str | None, cuda: str | None) -
 
 def preflight(environ: Any = None, **read: Any) -> Verdict:
     """Read the driver, the floor and torch's CUDA, and judge them."""
-    env = os.environ if environ is None else environ
     cuda = torch_cuda_version()
-    needed = env.get(ENV_DRIVER_MIN) or floor_for_cuda(cuda)
+    needed = contract.ENV_CUDA_DRIVER_MIN.get(environ) or floor_for_cuda(cuda)
     found, where = read_driver_version(**read)
     return judge(found, where, needed, cuda)
 
