@@ -67,6 +67,22 @@ def test_build_engine_passes_max_model_len(tiny_lm_dir: Path) -> None:
     assert engine.max_model_len == 128
 
 
+def test_the_default_length_never_passes_the_models_context(tiny_lm_dir: Path) -> None:
+    """Unset, the bound is the longest prompt + response capped at the model's own context (vLLM
+    refuses more: the rehearsal's vLLM quickstart asked 260 of a 128-position model); a length the
+    manifest sets goes through as it is."""
+    from rlhf_trainer.rollout import model_context
+
+    context = model_context(str(tiny_lm_dir))
+    assert context is not None
+    spec = _spec(engine="hf")
+    engine = build_engine(spec.rollout, str(tiny_lm_dir), max_model_len=context + 100)
+    assert engine.max_model_len == context
+    explicit = _spec(engine="hf", maxModelLength=context + 100)
+    engine = build_engine(explicit.rollout, str(tiny_lm_dir), max_model_len=max_model_length(explicit))
+    assert engine.max_model_len == context + 100
+
+
 def test_the_reward_model_loads_in_its_dtype(tmp_path: Path) -> None:
     from transformers import LlamaConfig, LlamaForSequenceClassification
 

@@ -73,6 +73,10 @@ def build_engine(
     `max_model_len`: the longest prompt + response (`spec.max_model_length`), both engines' bound."""
     cls = engine_class(rollout_spec.engine)
     extras = _engine_extras(rollout_spec)
+    if max_model_len is not None and rollout_spec.max_model_length is None:
+        # The default (longest prompt + response) never asks past the model's own context: vLLM
+        # refuses that; a length the manifest sets is passed as it is (and refused by name there).
+        max_model_len = min(max_model_len, model_context(model_path) or max_model_len)
     if max_model_len is not None:
         extras["max_model_len"] = max_model_len
     if colocated and rollout_spec.engine == "vllm":
@@ -90,6 +94,19 @@ def build_engine(
         **extras,
     )
     return engine
+
+
+def model_context(model_path: str) -> int | None:
+    """The model's own longest sequence (`max_position_embeddings` of its config), or None where
+    the config does not say or cannot be read."""
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_path)
+    except (OSError, ValueError):
+        return None
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int | float) and value > 0 else None
 
 
 def _engine_extras(rollout_spec: Any) -> dict[str, Any]:
