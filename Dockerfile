@@ -24,6 +24,7 @@ ARG PIP_CACHE_DIR=/root/.cache/pip
 ENV PIP_CACHE_DIR=${PIP_CACHE_DIR} PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY api/ api/
 COPY operator/ operator/
 COPY trainer/ trainer/
 RUN --mount=type=cache,target=/root/.cache/pip \
@@ -31,7 +32,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
  && /opt/build/bin/pip wheel --no-deps --wheel-dir /wheels .
 
 # ---------------------------------------------------------------------------------------------
-# Operator: the `rlhf` command with kopf and the Kubernetes client; no torch, no Ray.
+# Operator: `rlhf_api` and `rlhf_operator` with kopf and the Kubernetes client; no trainer, no torch, no Ray.
 FROM ${BASE_IMAGE} AS operator
 ARG PIP_CACHE_DIR=/root/.cache/pip
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_CACHE_DIR=${PIP_CACHE_DIR} \
@@ -44,12 +45,16 @@ RUN --mount=type=cache,target=/root/.cache/pip \
  && python3 /opt/requirements/image_requirements.py /opt/requirements/pyproject.toml \
       --constraints /opt/requirements/constraints/operator.txt operator >/opt/requirements/operator.txt \
  && pip install -r /opt/requirements/operator.txt
-COPY --from=wheels /wheels /opt/wheels
-RUN pip install --no-deps --no-index /opt/wheels/*.whl \
+# The API and the operator only (no trainer): their sources on the venv's path, run as
+# `python -m rlhf_operator` (the chart's command).
+COPY api/rlhf_api/ /opt/app/rlhf_api/
+COPY operator/rlhf_operator/ /opt/app/rlhf_operator/
+ENV PYTHONPATH=/opt/app
+RUN python3 -m compileall -q /opt/app \
  && useradd --uid 65532 --user-group --no-create-home --shell /usr/sbin/nologin rlhf
 USER 65532:65532
 EXPOSE 8080 8081
-ENTRYPOINT ["rlhf"]
+ENTRYPOINT ["python3", "-m", "rlhf_operator"]
 CMD ["operator", "--all-namespaces", "--liveness=http://0.0.0.0:8081/healthz", "--metrics-port=8080"]
 HEALTHCHECK NONE
 

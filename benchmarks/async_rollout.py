@@ -30,7 +30,7 @@ TRAIN_PHASES = ("reward", "reference", "critic", "old_log_probs", "baseline", "a
 
 
 def job(max_staleness: int, steps: int) -> Any:
-    from rlhf_trainer.spec import parse_job
+    from rlhf_api.loader import parse_job
 
     return parse_job(
         {

@@ -177,8 +177,8 @@ def create_namespace(cluster: Cluster, name: str) -> None:
 
 def baseline(cluster: Cluster, jobs: list[dict[str, Any]], workers: int) -> float:
     """The same pods, created directly (what the operator's builders produce), no operator."""
+    from rlhf_api.loader import parse_job
     from rlhf_operator import children
-    from rlhf_trainer.spec import parse_job
 
     ns = "bench-baseline"
     create_namespace(cluster, ns)
@@ -251,12 +251,12 @@ def install_operator(cluster: Cluster) -> None:
 def operator_run(
     cluster: Cluster, jobs: list[dict[str, Any]], workers: int, log: Path, code: Path, ns: str
 ) -> dict[str, Any]:
-    """The operator of the checkout `code` (its trainer/ and operator/ on PYTHONPATH) drives `jobs`
+    """The operator of the checkout `code` (its api/, trainer/ and operator/ on PYTHONPATH) drives `jobs`
     in namespace `ns`, which is deleted afterwards (freeing the nodes for the next run)."""
     sa = cluster.as_service_account("rlhf-system", "rlhf-operator")
     create_namespace(cluster, ns)
     env = {
-        "PYTHONPATH": os.pathsep.join(str(code / part) for part in ("trainer", "operator")),
+        "PYTHONPATH": os.pathsep.join(str(code / part) for part in ("api", "trainer", "operator")),
         # Timestamps and one line per pass (duration by stage) in the kept log; older operators
         # ignore both.
         "RLHF_OPERATOR_LOG_FORMAT": "full",

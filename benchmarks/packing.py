@@ -80,7 +80,7 @@ def long_tailed_batch(
 
 
 def spec_for(model: Path, rows: int, micro: int, budget: int | None, response_len: int) -> Any:
-    from rlhf_trainer.spec import parse_spec
+    from rlhf_api.loader import parse_spec
 
     training: dict[str, Any] = {"promptsPerStep": rows // 4, "microBatchSize": micro, "learningRate": 1e-5}
     if budget is not None:

@@ -77,9 +77,9 @@ def child(doc_path: Path, out: Path, warmup: int) -> int:
     import time
 
     import rlhf_trainer
+    from rlhf_api.loader import parse_job
     from rlhf_trainer.controller import run
     from rlhf_trainer.metrics import read_jsonl
-    from rlhf_trainer.spec import parse_job
 
     doc = json.loads(doc_path.read_text())
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,7 +20,7 @@ CACHE = Path("~/.cache/rlhf-operator").expanduser()
 
 
 def job(placement: str, steps: int) -> Any:
-    from rlhf_trainer.spec import parse_job
+    from rlhf_api.loader import parse_job
 
     roles: dict[str, Any] = {"placement": placement}
     if placement == "disaggregated":

@@ -42,8 +42,8 @@ def make_model(name: str, root: Path) -> tuple[Path, int]:
     """The model directory and its parameter count."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+    from rlhf_api.sections import ModelSpec
     from rlhf_trainer.bootstrap import build_char_tokenizer, ensure_model
-    from rlhf_trainer.spec import ModelSpec
 
     path = root / name
     if name == "quickstart":

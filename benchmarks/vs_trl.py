@@ -59,8 +59,8 @@ SIZES: dict[str, tuple[int, int, int] | None] = {"tiny": None, "30m": (512, 7, 8
 
 def make_model(size: str, out: Path) -> Path:
     """The model directory of `size` (the bootstrap model, cached; or a fresh one under `out`)."""
+    from rlhf_api.sections import ModelSpec
     from rlhf_trainer.bootstrap import build_char_tokenizer, build_tiny_model, ensure_model
-    from rlhf_trainer.spec import ModelSpec
 
     shape = SIZES[size]
     if shape is None:
@@ -88,7 +88,7 @@ def parameters(path: Path) -> int:
 
 
 def project_job(model: Path, prompts: Path, a: argparse.Namespace) -> Any:
-    from rlhf_trainer.spec import parse_job
+    from rlhf_api.loader import parse_job
 
     return parse_job(
         {

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
 from rlhf_trainer.sync import SyncGroup, WeightReceiver, connect_store, tensor_digest  # noqa: E402
 

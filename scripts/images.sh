@@ -78,7 +78,7 @@ log "base image: $base"
 hash=$( {
   echo "$base"
   git ls-files -co --exclude-standard -- Dockerfile .dockerignore pyproject.toml README.md \
-    scripts/image_requirements.py constraints operator trainer | LC_ALL=C sort | while read -r f; do
+    scripts/image_requirements.py constraints api operator trainer | LC_ALL=C sort | while read -r f; do
       [ -f "$f" ] && printf '%s %s\n' "$f" "$(sha256sum <"$f" | cut -c1-64)"
     done
 } | sha256sum | cut -c1-12)

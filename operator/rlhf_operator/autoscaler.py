@@ -1,4 +1,4 @@
-"""The operator's autoscaler: the shared policy (`rlhf_trainer.autoscale.decide`) applied to one
+"""The operator's autoscaler: the shared policy (`rlhf_api.autoscale.decide`) applied to one
 RLTrainingJob, as pure functions of the job and its status.
 
 The policy needs a memory between periods: the recent recommendations (for the scale-down
@@ -41,8 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_operator.status import PROMETHEUS_REFUSED, get_condition, parse_time, set_condition
-from rlhf_trainer.autoscale import (
+from rlhf_api.autoscale import (
     Decision,
     MetricSource,
     PrometheusSource,
@@ -51,8 +50,10 @@ from rlhf_trainer.autoscale import (
     decide,
     prune,
 )
-from rlhf_trainer.contract import ROLLOUT_GENERATION, ROLLOUT_SYNCED_GENERATION
-from rlhf_trainer.spec import RLTrainingJob
+from rlhf_api.contract import ROLLOUT_GENERATION, ROLLOUT_SYNCED_GENERATION
+from rlhf_api.job import RLTrainingJob
+from rlhf_api.status import PROMETHEUS_REFUSED
+from rlhf_operator.status import get_condition, parse_time, set_condition
 
 #: Where the controller pod serves `/metrics` when no Prometheus is configured; `{job}` and
 #: `{namespace}` are substituted. `rlhf operator --controller-metrics-url` overrides it.

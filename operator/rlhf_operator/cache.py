@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rlhf_operator import labels
+from rlhf_api import contract
 
 Key = tuple[str, str]  # namespace, job name
 #: Seconds between two real LISTs of a job's pods.
@@ -80,7 +80,7 @@ class PodCache:
     @staticmethod
     def _key(pod: dict[str, Any]) -> Key | None:
         meta = pod.get("metadata") or {}
-        job = (meta.get("labels") or {}).get(labels.JOB_NAME)
+        job = (meta.get("labels") or {}).get(contract.JOB_NAME)
         return (str(meta.get("namespace") or ""), str(job)) if job else None
 
     def observe(self, event_type: str | None, pod: dict[str, Any]) -> None:

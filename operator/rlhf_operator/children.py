@@ -13,7 +13,7 @@ Pods, one per replica with stable names:
   actor, critic, reference and reward; one engine per rollout pod), joined to the head through the headless Service `<job>` (`rlhf worker` waits
   for the head, bounded, then execs `ray start`).
 
-Every env var, port, path and name the pods read back is defined in `rlhf_trainer.contract`.
+Every env var, port, path and name the pods read back is defined in `rlhf_api.contract`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from typing import Any
 
 import yaml
 
-from rlhf_operator import images, kueue, labels, network_policy, pod_template
-from rlhf_trainer import contract
-from rlhf_trainer.spec import JobSpec, NodePoolSpec, RLTrainingJob, roles_in_use, to_dict
+from rlhf_api import contract
+from rlhf_api.fields import to_dict
+from rlhf_api.job import JobSpec, RLTrainingJob, roles_in_use
+from rlhf_api.roles import NodePoolSpec
+from rlhf_operator import images, kueue, network_policy, pod_template
 
 # The pod contract's names, under the spellings the operator's code and tests use.
 CONFIG_KEY = contract.CONFIG_KEY
@@ -53,26 +55,26 @@ def pod_name(job: str, role: str, index: int = 0) -> str:
 def controller_address(job: RLTrainingJob) -> str:
     """DNS name of the controller pod through the headless Service."""
     name = job.metadata_name
-    return contract.pod_host(name, job.namespace, pod_name(name, labels.CONTROLLER_ROLE))
+    return contract.pod_host(name, job.namespace, pod_name(name, contract.CONTROLLER_ROLE))
 
 
 def job_labels(job: RLTrainingJob) -> dict[str, str]:
     return {
-        labels.JOB_NAME: job.metadata_name,
+        contract.JOB_NAME: job.metadata_name,
         "app.kubernetes.io/managed-by": "rlhf-operator",
         "app.kubernetes.io/part-of": "rlhf-operator",
     }
 
 
 def selector(job_name: str, role: str | None = None) -> str:
-    sel = f"{labels.JOB_NAME}={job_name}"
-    return sel + (f",{labels.ROLE}={role}" if role else "")
+    sel = f"{contract.JOB_NAME}={job_name}"
+    return sel + (f",{contract.ROLE}={role}" if role else "")
 
 
 def owner_reference(job: RLTrainingJob) -> dict[str, Any]:
     return {
-        "apiVersion": labels.API_VERSION,
-        "kind": labels.KIND,
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND,
         "name": job.metadata_name,
         "uid": job.raw.get("metadata", {}).get("uid", ""),
         "controller": True,
@@ -135,14 +137,14 @@ def build_role(job: RLTrainingJob) -> dict[str, Any]:
         "metadata": _meta(job, job.metadata_name),
         "rules": [
             {
-                "apiGroups": [labels.GROUP],
-                "resources": [labels.PLURAL],
+                "apiGroups": [contract.GROUP],
+                "resources": [contract.PLURAL],
                 "resourceNames": name,
                 "verbs": ["get", "watch"],
             },
             {
-                "apiGroups": [labels.GROUP],
-                "resources": [f"{labels.PLURAL}/status"],
+                "apiGroups": [contract.GROUP],
+                "resources": [f"{contract.PLURAL}/status"],
                 "resourceNames": name,
                 "verbs": ["get", "patch"],
             },
@@ -182,8 +184,8 @@ def config_name(job: RLTrainingJob) -> str:
 def job_document(job: RLTrainingJob) -> dict[str, Any]:
     """The manifest the controller pod loads: the job with every default filled in."""
     return {
-        "apiVersion": labels.API_VERSION,
-        "kind": labels.KIND,
+        "apiVersion": contract.API_VERSION,
+        "kind": contract.KIND,
         "metadata": {"name": job.metadata_name, "namespace": job.namespace},
         "spec": to_dict(job.spec),
     }
@@ -207,7 +209,7 @@ def build_service(job: RLTrainingJob) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {labels.JOB_NAME: job.metadata_name},
+            "selector": {contract.JOB_NAME: job.metadata_name},
             "ports": [
                 {"name": contract.RAY_PORT_NAME, "port": RAY_PORT, "targetPort": RAY_PORT},
                 {"name": contract.METRICS_PORT_NAME, "port": METRICS_PORT, "targetPort": METRICS_PORT},
@@ -277,7 +279,7 @@ def build_network_policy(
 
 
 def _env(job: RLTrainingJob, role: str, index: int, attempt: int) -> list[dict[str, Any]]:
-    """The pod contract's variables (`rlhf_trainer.contract`); tests/unit/test_contract.py proves
+    """The pod contract's variables (`rlhf_api.contract`); tests/unit/test_contract.py proves
     that the trainer reads each one the trainer is meant to read."""
     c = contract
     env: list[dict[str, Any]] = [
@@ -296,7 +298,7 @@ def _env(job: RLTrainingJob, role: str, index: int, attempt: int) -> list[dict[s
         c.ENV_NCCL_DEBUG.value("WARN"),
         c.ENV_PYTHONUNBUFFERED.value("1"),
     ]
-    if role == labels.CONTROLLER_ROLE:
+    if role == contract.CONTROLLER_ROLE:
         env.append(c.ENV_METRICS_PORT.value(str(METRICS_PORT)))
     return env
 
@@ -307,7 +309,7 @@ ray_cpus = contract.ray_cpus
 
 
 def _command(job: RLTrainingJob, role: str, index: int, gpus: int, cpu: str = "1") -> list[str]:
-    if role == labels.CONTROLLER_ROLE:
+    if role == contract.CONTROLLER_ROLE:
         return ["rlhf", "controller", "--spec-file", contract.SPEC_FILE]
     # `rlhf worker` waits (bounded) for the head's DNS name and port, then execs
     # `ray start --block --node-ip-address=$RLHF_POD_IP` with these arguments: with
@@ -362,9 +364,9 @@ def _gang_metadata(job: RLTrainingJob, role: str, kueue_group: str) -> tuple[dic
     if role == "rollout":
         return lab, ann
     if sched.pod_group == "scheduler-plugins":
-        lab[labels.SCHEDULER_PLUGINS_POD_GROUP] = job.metadata_name
+        lab[contract.SCHEDULER_PLUGINS_POD_GROUP] = job.metadata_name
     elif sched.pod_group == "volcano":
-        ann[labels.VOLCANO_POD_GROUP] = job.metadata_name
+        ann[contract.VOLCANO_POD_GROUP] = job.metadata_name
     return lab, ann
 
 
@@ -380,7 +382,7 @@ def build_pod(
     """The pod of one replica of one role (or the controller pod), for restart attempt `attempt`
     (`incarnation`: when the gang was last resumed, which names its Kueue pod group)."""
     spec = job.spec
-    is_controller = role == labels.CONTROLLER_ROLE
+    is_controller = role == contract.CONTROLLER_ROLE
     name = pod_name(job.metadata_name, role, index)
     if is_controller:
         ctl = spec.controller.resources  # defaults: CONTROLLER_RESOURCES
@@ -400,9 +402,9 @@ def build_pod(
         job,
         name,
         {
-            labels.ROLE: role,
-            labels.REPLICA_INDEX: str(index),
-            labels.RESTART_ATTEMPT: str(attempt),
+            contract.ROLE: role,
+            contract.REPLICA_INDEX: str(index),
+            contract.RESTART_ATTEMPT: str(attempt),
             **gang_labels,
         },
     )

@@ -20,6 +20,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from rlhf_api import contract
+from rlhf_api.autoscale import MetricError, MetricSource
+from rlhf_api.fields import SpecError
+from rlhf_api.status import FINISHED
 from rlhf_operator import (
     autoscaler,
     cache,
@@ -28,15 +32,12 @@ from rlhf_operator import (
     jobs,
     kube,
     kueue,
-    labels,
     metrics,
     ownership,
     reconcile,
     tenant_limits,
 )
-from rlhf_operator.status import FINISHED, rfc3339
-from rlhf_trainer.autoscale import MetricError, MetricSource
-from rlhf_trainer.spec import SpecError
+from rlhf_operator.status import rfc3339
 
 log = logging.getLogger("rlhf_operator")
 
@@ -208,7 +209,7 @@ class Executor:
             return
         meta = pod["metadata"]
         job = self.kube.get_job(
-            meta.get("namespace", ""), (meta.get("labels") or {}).get(labels.JOB_NAME, "")
+            meta.get("namespace", ""), (meta.get("labels") or {}).get(contract.JOB_NAME, "")
         )
         if kueue.orphaned(pod, job):
             try:

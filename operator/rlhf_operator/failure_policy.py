@@ -38,8 +38,9 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_operator import kueue, labels, pod_health
-from rlhf_trainer.spec import FailurePolicyRuleSpec, FailurePolicySpec
+from rlhf_api import contract
+from rlhf_api.roles import FailurePolicyRuleSpec, FailurePolicySpec
+from rlhf_operator import kueue, pod_health
 
 #: How long the kubelet may retry a pull or container create before the job acts on it.
 START_GRACE_SECONDS = 60.0
@@ -149,7 +150,7 @@ def pod_failure(
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     name = meta.get("name", "")
-    role = (meta.get("labels") or {}).get(labels.ROLE, "")
+    role = (meta.get("labels") or {}).get(contract.ROLE, "")
     if status.get("phase") == "Failed":
         container = pod_health.describe_failed(pod)
         reason = status.get("reason") or (container[0] if container else "PodFailed")
@@ -227,7 +228,7 @@ def worker_exited(name: str, role: str) -> PodFailure:
 
 
 def is_gang_role(role: str) -> bool:
-    return role in labels.GANG_ROLES
+    return role in contract.GANG_ROLES
 
 
 #: The shortest delay before a gang restart's pods are created, whatever the spec says.

@@ -31,6 +31,7 @@ from typing import Any
 
 import kopf
 
+from rlhf_api.contract import FINALIZER, GROUP, JOB_NAME, PLURAL, VERSION
 from rlhf_operator import (
     autoscaler,
     cache,
@@ -45,7 +46,6 @@ from rlhf_operator import (
     tenant_limits,
 )
 from rlhf_operator.executor import CREATE_WORKERS, Executor
-from rlhf_operator.labels import FINALIZER, GROUP, JOB_NAME, PLURAL, VERSION
 
 #: Upper bound between two passes of a job even when nothing happens (drift repair).
 RESYNC_SECONDS = float(os.environ.get("RLHF_OPERATOR_RESYNC_SECONDS", "300"))

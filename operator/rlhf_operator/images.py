@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from rlhf_trainer.spec import JobSpec
+from rlhf_api.job import JobSpec
 
 #: The operator's default trainer image (the chart's `trainerImage.*`).
 ENV_TRAINER_IMAGE = "RLHF_OPERATOR_TRAINER_IMAGE"

@@ -33,8 +33,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rlhf_api.fields import SpecError
+from rlhf_api.job import RLTrainingJob
+from rlhf_api.loader import parse_job
 from rlhf_operator import crd
-from rlhf_trainer.spec import RLTrainingJob, SpecError, parse_job
 
 log = logging.getLogger("rlhf_operator")
 

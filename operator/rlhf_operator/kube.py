@@ -15,7 +15,8 @@ import contextlib
 import json
 from typing import Any
 
-from rlhf_operator import labels, safe_json
+from rlhf_api import contract
+from rlhf_operator import safe_json
 
 #: Resource (plural) of each kind the operator writes.
 PLURALS = {
@@ -29,7 +30,7 @@ PLURALS = {
     "RoleBinding": "rolebindings",
     "PodGroup": "podgroups",
     "NetworkPolicy": "networkpolicies",
-    labels.KIND: labels.PLURAL,
+    contract.KIND: contract.PLURAL,
 }
 
 
@@ -138,7 +139,7 @@ class Kube:
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            return self._call("GET", path(labels.API_VERSION, labels.KIND, namespace, name))  # type: ignore[no-any-return]
+            return self._call("GET", path(contract.API_VERSION, contract.KIND, namespace, name))  # type: ignore[no-any-return]
         except LookupError:
             return None
 
@@ -148,7 +149,7 @@ class Kube:
     def list_pods_versioned(self, namespace: str, job: str) -> tuple[list[dict[str, Any]], str | None]:
         """The job's labelled pods and the list's resourceVersion (for `cache.PodCache.seed`)."""
         data = self._call(
-            "GET", path("v1", "Pod", namespace), query=[("labelSelector", f"{labels.JOB_NAME}={job}")]
+            "GET", path("v1", "Pod", namespace), query=[("labelSelector", f"{contract.JOB_NAME}={job}")]
         )
         return list(data.get("items") or []), (data.get("metadata") or {}).get("resourceVersion")
 
@@ -195,7 +196,7 @@ class Kube:
                 "POST",
                 path(obj["apiVersion"], obj["kind"], meta["namespace"]),
                 body=obj,
-                query=[("fieldManager", labels.FIELD_MANAGER)],
+                query=[("fieldManager", contract.FIELD_MANAGER)],
             )
         except Conflict:
             return False
@@ -207,7 +208,7 @@ class Kube:
             "PATCH",
             path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]),
             body=patch,
-            query=[("fieldManager", labels.FIELD_MANAGER)],
+            query=[("fieldManager", contract.FIELD_MANAGER)],
             content_type="application/merge-patch+json",
         )
 
@@ -249,9 +250,9 @@ class Kube:
         patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}
         return self._call(  # type: ignore[no-any-return]
             "PATCH",
-            path(labels.API_VERSION, labels.KIND, meta["namespace"], meta["name"], "status"),
+            path(contract.API_VERSION, contract.KIND, meta["namespace"], meta["name"], "status"),
             body=patch,
-            query=[("fieldManager", labels.FIELD_MANAGER)],
+            query=[("fieldManager", contract.FIELD_MANAGER)],
             content_type="application/merge-patch+json",
         )
 
@@ -262,9 +263,9 @@ class Kube:
         patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "spec": {"replicas": replicas}}
         return self._call(  # type: ignore[no-any-return]
             "PATCH",
-            path(labels.API_VERSION, labels.KIND, meta["namespace"], meta["name"], "scale"),
+            path(contract.API_VERSION, contract.KIND, meta["namespace"], meta["name"], "scale"),
             body=patch,
-            query=[("fieldManager", labels.FIELD_MANAGER)],
+            query=[("fieldManager", contract.FIELD_MANAGER)],
             content_type="application/merge-patch+json",
         )
 
@@ -275,8 +276,8 @@ class Kube:
             "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
             "involvedObject": {
-                "apiVersion": labels.API_VERSION,
-                "kind": labels.KIND,
+                "apiVersion": contract.API_VERSION,
+                "kind": contract.KIND,
                 "name": meta["name"],
                 "namespace": meta["namespace"],
                 "uid": meta.get("uid"),
@@ -285,11 +286,11 @@ class Kube:
             "type": type_,
             "reason": reason,
             "message": message[:1024],
-            "source": {"component": labels.FIELD_MANAGER},
+            "source": {"component": contract.FIELD_MANAGER},
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,
-            "reportingComponent": labels.FIELD_MANAGER,
+            "reportingComponent": contract.FIELD_MANAGER,
         }
         self._call("POST", path("v1", "Event", meta["namespace"]), body=body)
 

@@ -56,7 +56,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from rlhf_operator import labels
+from rlhf_api import contract
 
 #: Kueue's scheduling gate on the pods it manages, removed on admission.
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
@@ -81,11 +81,11 @@ def group_name(job: str, uid: str, attempt: int, incarnation: str = "") -> str:
 def pod_metadata(queue: str, role: str, group: str, gang_size: int) -> tuple[dict[str, str], dict[str, str]]:
     """Kueue's labels and annotations for a pod of `role`: the gang's group, or (rollout) a pod
     Kueue admits on its own."""
-    lab = {labels.KUEUE_QUEUE_NAME: queue}
+    lab = {contract.KUEUE_QUEUE_NAME: queue}
     ann: dict[str, str] = {}
     if role != "rollout":
-        lab[labels.KUEUE_POD_GROUP_NAME] = group
-        ann[labels.KUEUE_POD_GROUP_TOTAL_COUNT] = str(gang_size)
+        lab[contract.KUEUE_POD_GROUP_NAME] = group
+        ann[contract.KUEUE_POD_GROUP_TOTAL_COUNT] = str(gang_size)
     return lab, ann
 
 
@@ -94,7 +94,7 @@ def _meta(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def group_of(pod: dict[str, Any]) -> str | None:
-    return (_meta(pod).get("labels") or {}).get(labels.KUEUE_POD_GROUP_NAME)
+    return (_meta(pod).get("labels") or {}).get(contract.KUEUE_POD_GROUP_NAME)
 
 
 def is_gated(pod: dict[str, Any]) -> bool:
@@ -145,5 +145,5 @@ def orphaned(pod: dict[str, Any], job: dict[str, Any] | None) -> bool:
     if job is None:
         return True
     meta = job.get("metadata") or {}
-    owners = {r.get("uid") for r in _meta(pod).get("ownerReferences") or [] if r.get("kind") == labels.KIND}
+    owners = {r.get("uid") for r in _meta(pod).get("ownerReferences") or [] if r.get("kind") == contract.KIND}
     return meta.get("uid") not in owners or bool(meta.get("deletionTimestamp"))

@@ -7,7 +7,7 @@ from collections import Counter as _Tally
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from rlhf_operator.status import PHASES
+from rlhf_api.status import PHASES
 
 RECONCILES = Counter("rlhf_operator_reconciles_total", "Reconcile passes, by result.", ["result"])
 ERRORS = Counter(

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhf_operator import labels
+from rlhf_api import contract
 
 #: The label every namespace carries with its own name (set by the API server since 1.22).
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -90,7 +90,7 @@ def _namespace(name: str) -> dict[str, Any]:
 
 def ingress_peers(job_name: str, settings: Settings) -> list[dict[str, Any]]:
     """Who may connect to the job's pods."""
-    peers: list[dict[str, Any]] = [{"podSelector": {"matchLabels": {labels.JOB_NAME: job_name}}}]
+    peers: list[dict[str, Any]] = [{"podSelector": {"matchLabels": {contract.JOB_NAME: job_name}}}]
     if settings.operator_namespace:
         peer: dict[str, Any] = {"namespaceSelector": _namespace(settings.operator_namespace)}
         if settings.operator_pod_labels:
@@ -112,7 +112,7 @@ def build_network_policy(
         "kind": "NetworkPolicy",
         "metadata": metadata,
         "spec": {
-            "podSelector": {"matchLabels": {labels.JOB_NAME: job_name}},
+            "podSelector": {"matchLabels": {contract.JOB_NAME: job_name}},
             "policyTypes": ["Ingress"],
             "ingress": [{"from": ingress_peers(job_name, settings)}],
         },

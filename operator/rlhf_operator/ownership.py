@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhf_operator import failure_policy, labels
+from rlhf_api import contract
+from rlhf_operator import failure_policy
 
 #: Condition and Event reason for a child name held by an object the job does not own.
 NOT_OWNED = "NotOwned"
@@ -41,8 +42,8 @@ def owned_by(obj: dict[str, Any], job_uid: str) -> bool:
     return bool(
         job_uid
         and ref is not None
-        and ref.get("kind") == labels.KIND
-        and str(ref.get("apiVersion", "")).split("/")[0] == labels.GROUP
+        and ref.get("kind") == contract.KIND
+        and str(ref.get("apiVersion", "")).split("/")[0] == contract.GROUP
         and ref.get("uid") == job_uid
     )
 

@@ -23,16 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhf_trainer import contract
-from rlhf_trainer.spec import (
-    ConfigMapSourceSpec,
-    EnvVarSpec,
-    JobSpec,
-    KeyToPathSpec,
-    RLTrainingJob,
-    SecretSourceSpec,
-    VolumeSpec,
-)
+from rlhf_api import contract
+from rlhf_api.job import JobSpec, RLTrainingJob
+from rlhf_api.pods import ConfigMapSourceSpec, EnvVarSpec, KeyToPathSpec, SecretSourceSpec, VolumeSpec
 
 #: The per-pod emptyDir at the working directory when the spec mounts no volume there.
 WORKSPACE_VOLUME = "workspace"

@@ -32,22 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhf_operator import (
-    children,
-    failure_policy,
-    gang,
-    images,
-    jobs,
-    kueue,
-    labels,
-    ownership,
-    pod_health,
-    rollout,
-    suspend,
-    tenant_limits,
-    ttl,
-)
-from rlhf_operator.status import (
+from rlhf_api import contract
+from rlhf_api.fields import MAX_REPLICAS, SpecError
+from rlhf_api.job import JobSpec, RLTrainingJob
+from rlhf_api.status import (
     CHILD_FAILURE,
     FAILED,
     FINISHED,
@@ -60,15 +48,22 @@ from rlhf_operator.status import (
     SUCCEEDED,
     SUSPENDED,
     UNSCHEDULABLE,
-    condition_is,
-    get_condition,
-    parse_time,
-    rfc3339,
-    set_condition,
-    summary,
 )
-from rlhf_trainer import contract
-from rlhf_trainer.spec import MAX_REPLICAS, JobSpec, RLTrainingJob, SpecError
+from rlhf_operator import (
+    children,
+    failure_policy,
+    gang,
+    images,
+    jobs,
+    kueue,
+    ownership,
+    pod_health,
+    rollout,
+    suspend,
+    tenant_limits,
+    ttl,
+)
+from rlhf_operator.status import condition_is, get_condition, parse_time, rfc3339, set_condition, summary
 
 #: The status keys the operator owns (progress and rollout.syncedGeneration belong to the controller pod).
 OPERATOR_KEYS = (
@@ -148,7 +143,7 @@ def _labels(pod: dict[str, Any]) -> dict[str, str]:
 
 def _attempt(pod: dict[str, Any]) -> int:
     try:
-        return int(_labels(pod).get(labels.RESTART_ATTEMPT, "0"))
+        return int(_labels(pod).get(contract.RESTART_ATTEMPT, "0"))
     except ValueError:
         return -1
 
@@ -259,7 +254,7 @@ class Pass:
 
     @property
     def controller_name(self) -> str:
-        return children.pod_name(self.name, labels.CONTROLLER_ROLE)
+        return children.pod_name(self.name, contract.CONTROLLER_ROLE)
 
     def condition(self, type_: str) -> dict[str, Any]:
         return get_condition({"conditions": self.conditions}, type_) or {}
@@ -494,11 +489,11 @@ def collect_failures(p: Pass) -> bool:
             continue
         f = p.failure_of(pod)
         if f is None and name != p.controller_name and (pod.get("status") or {}).get("phase") == "Succeeded":
-            f = failure_policy.worker_exited(name, _labels(pod)[labels.ROLE])
+            f = failure_policy.worker_exited(name, _labels(pod)[contract.ROLE])
         if f is not None:
             p.failures.append(f)
     for pod in p.current:
-        if p.phase != "Running" and _labels(pod).get(labels.ROLE) == "rollout":
+        if p.phase != "Running" and _labels(pod).get(contract.ROLE) == "rollout":
             f = p.failure_of(pod)
             if f is not None and f.acting and not f.restartable:
                 p.failures.append(f)
@@ -576,7 +571,7 @@ def report_problems(p: Pass) -> bool:
     and when a bound pod reaches its start timeout."""
     reported = [f for f in p.failures if not f.acting or p.phase == "Restarting"]
     for pod in p.current:
-        f = p.failure_of(pod) if _labels(pod).get(labels.ROLE) == "rollout" else None
+        f = p.failure_of(pod) if _labels(pod).get(contract.ROLE) == "rollout" else None
         if f is not None and p.replace_alone(pod) is None and f not in reported:
             reported.append(f)
     for f in reported:
@@ -644,7 +639,7 @@ def rollout_fleet(p: Pass) -> bool:
     raw = p.old.get("rollout")
     prev: dict[str, Any] = raw if isinstance(raw, dict) else {}
     rplan = rollout.plan_rollout(
-        [x for x in p.current if _labels(x).get(labels.ROLE) == "rollout"],
+        [x for x in p.current if _labels(x).get(contract.ROLE) == "rollout"],
         desired=p.rollout_desired,
         previous_desired=tenant_limits.clamp_int(prev.get("desired"), 0, MAX_REPLICAS)
         if "generation" in prev

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhf_operator import labels
+from rlhf_api import contract
 from rlhf_operator.failure_policy import PodFailure, pod_failure
 
 
@@ -37,7 +37,7 @@ class RolloutPlan:
 
 
 def index_of(pod: dict[str, Any]) -> int:
-    return int((pod.get("metadata") or {}).get("labels", {}).get(labels.REPLICA_INDEX, "0"))
+    return int((pod.get("metadata") or {}).get("labels", {}).get(contract.REPLICA_INDEX, "0"))
 
 
 def plan_rollout(

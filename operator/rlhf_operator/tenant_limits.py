@@ -28,7 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_trainer.spec import MAX_PODS_PER_JOB, JobSpec
+from rlhf_api.fields import MAX_PODS_PER_JOB
+from rlhf_api.job import JobSpec
 
 MAX_PODS_ENV = "RLHF_OPERATOR_MAX_PODS_PER_JOB"
 ALLOWED_HOST_PATHS_ENV = "RLHF_OPERATOR_ALLOWED_HOST_PATHS"

@@ -50,7 +50,7 @@ class OperatorProcess:
         self._log: IO[bytes] | None = None
 
     def start(self, timeout: float = 60) -> OperatorProcess:
-        args = [sys.executable, "-m", "rlhf_trainer.cli", "operator"]
+        args = [sys.executable, "-m", "rlhf_operator", "operator"]
         args += [f"--namespace={ns}" for ns in self.namespaces] or ["--all-namespaces"]
         args += [f"--liveness=http://127.0.0.1:{self.health_port}/healthz"]
         if self.metrics_port:

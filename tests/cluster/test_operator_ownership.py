@@ -16,7 +16,7 @@ import pytest
 from harness import Cluster, bind_example_claims, wait_for
 from test_operator_e2e import Api, grpo_job, installed, metric, operator  # noqa: F401 (fixtures)
 
-from rlhf_operator.labels import FINALIZER
+from rlhf_api.contract import FINALIZER
 from rlhf_operator.testing import OperatorProcess
 
 pytestmark = pytest.mark.cluster

@@ -140,8 +140,8 @@ def chart_operator(
 def workspace() -> Iterator[Path]:
     """A host directory (the real node's hostPath) with the tiny model and its prompts, owned by
     the pods' user (1000)."""
+    from rlhf_api.sections import ModelSpec
     from rlhf_trainer.bootstrap import ensure_model, write_prompts
-    from rlhf_trainer.spec import ModelSpec
 
     root = Path(f"/tmp/rlhf-rn-workspace-{uuid.uuid4().hex[:6]}")
     root.mkdir()

@@ -23,7 +23,7 @@ OUTDIR=$(cd "$OUTDIR" && pwd)
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-python3}
 command -v "$PYTHON" >/dev/null || { echo "error: no $PYTHON on PATH (set PYTHON)" >&2; exit 2; }
-export PYTHONPATH="$PWD/trainer:$PWD/operator${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD/api:$PWD/trainer:$PWD/operator${PYTHONPATH:+:$PYTHONPATH}"
 export DEVICE_CHECK_OUT="$OUTDIR"
 SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/rlhf-device-check.XXXXXX")
 trap 'rm -rf "$SCRATCH"' EXIT

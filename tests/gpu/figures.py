@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "api"))
 sys.path.insert(0, str(ROOT / "trainer"))
 sys.path.insert(0, str(ROOT / "tests" / "trainer"))
 
@@ -60,7 +61,7 @@ def make_qwen2(path: Path) -> Path:
 
 
 def train_step_mfu(results: dict[str, Any], work: Path, peak_tflops: float, seq: int, rows: int) -> None:
-    from rlhf_trainer.spec import parse_spec
+    from rlhf_api.loader import parse_spec
     from rlhf_trainer.workers import ActorWorker
 
     model = make_qwen2(work / "qwen2-0.5b")
@@ -170,10 +171,11 @@ def weight_sync(results: dict[str, Any], work: Path, size_mb: int) -> None:
 def grpo_rises(results: dict[str, Any], work: Path, steps: int) -> None:
     import dataclasses
 
+    from rlhf_api.loader import load_manifest
+    from rlhf_api.sections import ModelSpec
     from rlhf_trainer.bootstrap import ensure_model, write_prompts
     from rlhf_trainer.controller import run
     from rlhf_trainer.metrics import read_jsonl
-    from rlhf_trainer.spec import ModelSpec, load_manifest
 
     model, prompts = work / "tiny-arithmetic", work / "prompts.jsonl"
     ensure_model(ModelSpec(path=str(model), bootstrap="tiny-arithmetic"))

@@ -15,7 +15,7 @@ cd "$(dirname "$0")/../.."
 if [ -z "${PYTHON:-}" ]; then
   if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
-export PYTHONPATH="$PWD/trainer:$PWD/operator${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD/api:$PWD/trainer:$PWD/operator${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-/tmp/rlhf-gpu-figures}"
 mkdir -p "$OUT"
 

@@ -53,8 +53,8 @@ def _free_port() -> int:
 def tiny_model() -> Path:
     from trainer_jobs import MODEL
 
+    from rlhf_api.sections import ModelSpec
     from rlhf_trainer.bootstrap import ensure_model
-    from rlhf_trainer.spec import ModelSpec
 
     ensure_model(ModelSpec(path=str(MODEL), bootstrap="tiny-arithmetic"))
     return MODEL
@@ -64,8 +64,8 @@ def test_a_rank_given_gpus_computes_on_its_gpu(tiny_model: Path) -> None:
     """Ray gives the rank the GPU its placement asked for; the worker computes on cuda:0 of it."""
     ray = pytest.importorskip("ray", reason="needs Ray (the device check runs without it)")
 
+    from rlhf_api.loader import parse_spec
     from rlhf_trainer import placement
-    from rlhf_trainer.spec import parse_spec
     from rlhf_trainer.workers.base import Worker
     from rlhf_trainer.workers.group import WorkerGroup
 

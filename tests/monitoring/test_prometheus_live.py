@@ -101,7 +101,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     targets.append(
         {"targets": [f"127.0.0.1:{real_port}"], "labels": {"rlhf_job": REAL_JOB, "namespace": "team-a"}}
     )
-    env = {"PYTHONPATH": f"{ROOT / 'operator'}:{ROOT / 'trainer'}"}
+    env = {"PYTHONPATH": f"{ROOT / 'api'}:{ROOT / 'operator'}:{ROOT / 'trainer'}"}
     for mode in ("stalled", "operator"):
         port = _port()
         procs.append(

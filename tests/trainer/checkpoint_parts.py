@@ -39,7 +39,7 @@ def save_tiny_model(path: Path, *, tied: bool = True, hidden_size: int = 32) -> 
 
 
 def job_spec(model_dir: Path, **training: Any) -> Any:
-    from rlhf_trainer.spec import parse_job
+    from rlhf_api.loader import parse_job
 
     doc = {
         "apiVersion": "rlhf.dev/v1alpha1",

@@ -17,8 +17,8 @@ TEST_MODULES = Path(__file__).resolve().parent / "runtime"
 @pytest.fixture(scope="session")
 def tiny_model() -> Iterator[Path]:
     """The tiny-arithmetic model (created once, cached) and the session's prompt file."""
+    from rlhf_api.sections import ModelSpec
     from rlhf_trainer.bootstrap import ensure_model, write_prompts
-    from rlhf_trainer.spec import ModelSpec
 
     ensure_model(ModelSpec(path=str(MODEL), bootstrap="tiny-arithmetic"))
     write_prompts("tiny-arithmetic", PROMPTS, n=PROMPT_ROWS, seed=0)

@@ -18,7 +18,7 @@ PROMPT_ROWS = 1024
 
 def job_from(base: dict[str, Any], name: str, sections: dict[str, Any]) -> Any:
     """`base` named `name`, with each given spec section merged in (one level deep), parsed."""
-    from rlhf_trainer.spec import parse_job
+    from rlhf_api.loader import parse_job
 
     doc = copy.deepcopy(base)
     doc["metadata"]["name"] = name

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from admission_cases import CREATE_CASES, ROOT, UPDATE_CASES, base, variant
 
-from rlhf_trainer import admission, algorithm_params
+from rlhf_api import admission, algorithm_params
 from rlhf_trainer.cli import main
 
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
@@ -136,7 +136,8 @@ def test_a_wrongly_typed_field_blocks_the_cel_rules_as_on_the_server() -> None:
     """The API server evaluates no CEL rule once the schema finds a wrong type (its hasBlockingErr):
     a rule over `spec.rollout` would only fail to evaluate. `parse_job` now runs the CRD's checks
     after the loader's own errors, so without this a wrong type came with CEL evaluation noise."""
-    from rlhf_trainer.spec import SpecError, parse_job
+    from rlhf_api.fields import SpecError
+    from rlhf_api.loader import parse_job
 
     doc = base()
     doc["spec"]["rollout"] = 5
@@ -219,8 +220,8 @@ def test_every_rule_of_the_crd_compiles_in_python() -> None:
 
 def test_admission_and_params_import_without_torch() -> None:
     code = (
-        "import sys, rlhf_trainer.admission, rlhf_trainer.algorithm_params; "
-        "rlhf_trainer.admission.job_schema(); assert 'torch' not in sys.modules"
+        "import sys, rlhf_api.admission, rlhf_api.algorithm_params; "
+        "rlhf_api.admission.job_schema(); assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -229,7 +230,7 @@ def test_every_name_the_operator_derives_from_an_admitted_job_is_valid() -> None
     """At the limits the rules allow, the Service, pods, ConfigMap and Secret names stay valid."""
     import re
 
-    from rlhf_trainer import contract
+    from rlhf_api import contract
 
     doc = base()
     name = "a" * admission.MAX_JOB_NAME
@@ -286,7 +287,8 @@ def test_the_torch_free_choices_are_the_registries_entries() -> None:
 def test_the_defaulted_spec_the_operator_hands_to_the_pods_is_admitted_too(path: Path) -> None:
     """The controller pod loads `to_dict(spec)` (every default written out) back through the same
     rules: a Python default the CRD's rules refuse would stop every job at start."""
-    from rlhf_trainer.spec import load_manifest, to_dict
+    from rlhf_api.fields import to_dict
+    from rlhf_api.loader import load_manifest
 
     job = load_manifest(path)
     doc = {

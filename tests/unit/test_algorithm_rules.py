@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from admission_cases import A, P, base, both, setp, variant
 
-from rlhf_trainer import admission
-from rlhf_trainer.spec import parse_job
+from rlhf_api import admission
+from rlhf_api.loader import parse_job
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rlhf_trainer.autoscale import (
+from rlhf_api.autoscale import (
     METRICS,
     Autoscaler,
     MetricDef,
@@ -189,7 +189,7 @@ def test_history_round_trips() -> None:
 
 
 def test_autoscaler_from_spec() -> None:
-    from rlhf_trainer.spec import AutoscalingSpec, RolloutRoleSpec
+    from rlhf_api.roles import AutoscalingSpec, RolloutRoleSpec
 
     a = Autoscaler.from_spec(
         AutoscalingSpec(metric="queue_depth", target=4), RolloutRoleSpec(min_replicas=1, max_replicas=3)
@@ -199,7 +199,7 @@ def test_autoscaler_from_spec() -> None:
 
 def test_import_without_torch_or_kubernetes() -> None:
     code = (
-        "import sys; import rlhf_trainer.autoscale; "
+        "import sys; import rlhf_api.autoscale; "
         "bad = [m for m in ('torch', 'kubernetes', 'kopf', 'ray') if m in sys.modules]; "
         "assert not bad, bad"
     )

@@ -26,7 +26,7 @@ def _ppo_module() -> Any:
 def test_the_ppo_benchmark_job_is_a_valid_ppo_job_with_a_critic_trained_twice_per_batch(
     tmp_path: Path,
 ) -> None:
-    from rlhf_trainer.spec import parse_job
+    from rlhf_api.loader import parse_job
 
     bench = _ppo_module()
     a = argparse.Namespace(group=8, prompts=8, max_new_tokens=4, steps=8, lr=3e-4)

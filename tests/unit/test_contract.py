@@ -1,4 +1,4 @@
-"""The pod contract's round trip (`rlhf_trainer.contract`): what the operator puts in a pod is what
+"""The pod contract's round trip (`rlhf_api.contract`): what the operator puts in a pod is what
 the trainer reads, and the other way round.
 
 * The operator's side: pods of representative jobs (colocated, disaggregated; the controller and
@@ -25,9 +25,10 @@ import pytest
 
 import rlhf_operator
 import rlhf_trainer
+from rlhf_api import contract
+from rlhf_api.fields import camel
+from rlhf_api.loader import parse_job
 from rlhf_operator import children
-from rlhf_trainer import contract
-from rlhf_trainer.spec import camel, parse_job
 
 TRAINER_DIR = Path(rlhf_trainer.__file__).resolve().parent
 OPERATOR_DIR = Path(rlhf_operator.__file__).resolve().parent
@@ -128,7 +129,7 @@ def test_each_pod_sets_exactly_the_variables_the_contract_gives_the_operator(
     assert len(names) == len(set(names)), f"{where}: a variable is set twice: {names}"
     undeclared = sorted(set(names) - {v.name for v in contract.ENV_VARS})
     assert not undeclared, (
-        f"{where} sets {undeclared}, which rlhf_trainer.contract does not declare: declare each "
+        f"{where} sets {undeclared}, which rlhf_api.contract does not declare: declare each "
         "(who sets it, who reads it) and read it in the trainer through the contract"
     )
     expected = contract.operator_env_names(_role(pod))
@@ -285,7 +286,7 @@ def test_the_trainer_reads_the_environment_only_through_the_contract() -> None:
                 writes = isinstance(parent, ast.Attribute) and parent.attr == "setdefault"
                 if not writes:
                     bad.append(f"{rel}:{node.lineno} os.environ")
-    assert not bad, f"read the environment through rlhf_trainer.contract (EnvVar.get*), not: {bad}"
+    assert not bad, f"read the environment through rlhf_api.contract (EnvVar.get*), not: {bad}"
 
 
 #: Names that look like the pod contract's but belong to the operator process itself.
@@ -307,7 +308,7 @@ def test_no_module_spells_out_a_contract_variable() -> None:
                 continue
             if text in declared or CONTRACT_LIKE.match(text):
                 bad.append(f"{rel}:{node.lineno} {text!r}")
-    assert not bad, f"use rlhf_trainer.contract's constants (or declare the variable there) instead of: {bad}"
+    assert not bad, f"use rlhf_api.contract's constants (or declare the variable there) instead of: {bad}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -353,7 +354,7 @@ def test_a_rank_offers_rendezvous_on_its_pods_ip(monkeypatch: pytest.MonkeyPatch
 
 
 def test_status_keys_are_fields_of_the_status_schema() -> None:
-    from rlhf_operator.status import JobStatus, ProgressStatus, RolloutStatus
+    from rlhf_api.status import JobStatus, ProgressStatus, RolloutStatus
 
     def keys(cls: type) -> set[str]:
         return {camel(f) for f in cls.__dataclass_fields__}

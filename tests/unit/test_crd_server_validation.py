@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from rlhf_api import admission
 from rlhf_operator import crd
-from rlhf_trainer import admission
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE_VERSION = "v1.36.3"  # tests/cluster/build's

@@ -15,7 +15,7 @@ CLUSTER = {"first-job", "grpo-h100", "grpo-pvc", "ppo-two-pools", "grpo-7b-8xh10
 
 
 def _job(path: Path):
-    from rlhf_trainer.spec import load_manifest
+    from rlhf_api.loader import load_manifest
 
     return load_manifest(path)
 

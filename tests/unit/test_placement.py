@@ -12,8 +12,9 @@ import sys
 
 import pytest
 
-from rlhf_trainer import contract, placement
-from rlhf_trainer.spec import load_manifest, parse_spec
+from rlhf_api import contract
+from rlhf_api.loader import load_manifest, parse_spec
+from rlhf_trainer import placement
 
 
 def _spec(role: str, replicas: int, gpus: int, cpu: str = "4") -> object:
@@ -97,8 +98,8 @@ def test_rollout_replicas_follow_the_fleet_not_the_spec():
 
 def test_the_operator_advertises_what_the_ranks_ask_for():
     """The pod's `rlhf worker --resources` holds `ranks_per_pod` units of its role's resource."""
+    from rlhf_api.loader import parse_job
     from rlhf_operator import children
-    from rlhf_trainer.spec import parse_job
 
     manifest = {
         "apiVersion": "rlhf.dev/v1alpha1",

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
+from rlhf_api.loader import parse_job, read_manifest
 from rlhf_trainer import planner
 from rlhf_trainer.planner import GIB, MIB, ModelShape, plan_job
-from rlhf_trainer.spec import parse_job, read_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
@@ -370,7 +370,7 @@ def test_the_planner_runs_without_torch() -> None:
         "            raise ImportError(name)\n"
         "sys.meta_path.insert(0, Block())\n"
         "from rlhf_trainer import planner\n"
-        "from rlhf_trainer.spec import load_manifest\n"
+        "from rlhf_api.loader import load_manifest\n"
         f"p = planner.plan_job(load_manifest({str(ROOT / 'manifests/examples/ppo-two-pools.yaml')!r}).spec)\n"
         "print(len(p.notes))\n"
     )

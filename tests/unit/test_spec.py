@@ -11,7 +11,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlhf_trainer import spec as S
+from rlhf_api.fields import SpecError, to_dict
+from rlhf_api.loader import load_manifest, parse_job, parse_spec
+from rlhf_api.pods import (
+    EmptyDirSourceSpec,
+    ImagePullSecretSpec,
+    KeySelectorSpec,
+    PersistentVolumeClaimSourceSpec,
+    PodSettingsSpec,
+)
+from rlhf_api.reference import reference_markdown
+from rlhf_api.schema import openapi_schema
+from rlhf_api.storage import StorageFindings, cluster_storage_findings, pod_path
 
 MINIMAL = {
     "apiVersion": "rlhf.dev/v1alpha1",
@@ -37,13 +48,13 @@ def job(**overrides):
 
 
 def errors_of(doc) -> list[str]:
-    with pytest.raises(S.SpecError) as info:
-        S.parse_job(doc)
+    with pytest.raises(SpecError) as info:
+        parse_job(doc)
     return info.value.errors
 
 
 def test_minimal_manifest_gets_defaults():
-    j = S.parse_job(job())
+    j = parse_job(job())
     assert j.metadata_name == "demo" and j.namespace == "default"
     assert j.spec.algorithm.name == "grpo"
     assert j.spec.rollout.samples_per_prompt == 4
@@ -53,12 +64,12 @@ def test_minimal_manifest_gets_defaults():
 
 
 def test_eval_and_trackers_are_off_unless_asked_for():
-    j = S.parse_job(job())
+    j = parse_job(job())
     assert j.spec.eval is None and j.spec.output.samples_per_step == 4
     assert not any(
         (j.spec.output.trackers.tensorboard, j.spec.output.trackers.wandb, j.spec.output.trackers.mlflow)
     )
-    e = S.parse_job(job(eval={"path": "data/eval.jsonl", "maxPrompts": 64, "samples": 8})).spec.eval
+    e = parse_job(job(eval={"path": "data/eval.jsonl", "maxPrompts": 64, "samples": 8})).spec.eval
     assert (e.path, e.every, e.max_prompts, e.greedy, e.samples, e.rewards) == (
         "data/eval.jsonl",
         10,
@@ -70,7 +81,7 @@ def test_eval_and_trackers_are_off_unless_asked_for():
 
 
 def test_camel_case_keys_map_to_fields():
-    j = S.parse_job(
+    j = parse_job(
         job(
             rollout__maxNewTokens=17,
             training__promptsPerStep=3,
@@ -164,9 +175,9 @@ def test_bad_values_name_the_field_and_what_is_valid(overrides, expected):
 
 
 def test_max_tokens_per_micro_batch_is_unset_by_default_and_parsed_when_given():
-    assert S.parse_job(job()).spec.training.max_tokens_per_micro_batch is None
+    assert parse_job(job()).spec.training.max_tokens_per_micro_batch is None
     doc = job(training__maxTokensPerMicroBatch=4096)
-    assert S.parse_job(doc).spec.training.max_tokens_per_micro_batch == 4096
+    assert parse_job(doc).spec.training.max_tokens_per_micro_batch == 4096
 
 
 def test_missing_required_section_is_named():
@@ -193,24 +204,24 @@ def test_all_errors_reported_at_once():
 
 
 def test_load_manifest_errors(tmp_path):
-    with pytest.raises(S.SpecError, match="cannot read the manifest"):
-        S.load_manifest(tmp_path / "absent.yaml")
+    with pytest.raises(SpecError, match="cannot read the manifest"):
+        load_manifest(tmp_path / "absent.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("spec: [unclosed")
-    with pytest.raises(S.SpecError, match="not valid YAML"):
-        S.load_manifest(bad)
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_manifest(bad)
     two = tmp_path / "two.yaml"
     two.write_text(yaml.safe_dump_all([MINIMAL, MINIMAL]))
-    with pytest.raises(S.SpecError, match="expected exactly one RLTrainingJob document, found 2"):
-        S.load_manifest(two)
+    with pytest.raises(SpecError, match="expected exactly one RLTrainingJob document, found 2"):
+        load_manifest(two)
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(MINIMAL))
-    assert S.load_manifest(good).spec.model.path == "models/tiny"
+    assert load_manifest(good).spec.model.path == "models/tiny"
 
 
 def test_to_dict_round_trips():
-    j = S.parse_job(job(rollout__maxNewTokens=9))
-    again = S.parse_spec(S.to_dict(j.spec))
+    j = parse_job(job(rollout__maxNewTokens=9))
+    again = parse_spec(to_dict(j.spec))
     assert again == j.spec
 
 
@@ -223,7 +234,7 @@ def _walk(schema, path="spec"):
 
 
 def test_schema_documents_every_field_and_carries_constraints():
-    schema = S.openapi_schema()
+    schema = openapi_schema()
     for path, node in _walk(schema):
         if path.endswith("[]") and "properties" not in node:
             continue  # scalar or free-form list items are described by their list
@@ -259,7 +270,7 @@ def test_schema_documents_every_field_and_carries_constraints():
 
 
 def test_spec_imports_without_torch():
-    code = "import sys, rlhf_trainer.spec, rlhf_trainer.cli; assert 'torch' not in sys.modules and 'ray' not in sys.modules"
+    code = "import sys, rlhf_api.loader, rlhf_trainer.cli; assert 'torch' not in sys.modules and 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -283,7 +294,7 @@ def test_manifest_reference_doc_is_fresh():
     from pathlib import Path
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "manifest-reference.md"
-    assert doc.read_text() == S.reference_markdown(), (
+    assert doc.read_text() == reference_markdown(), (
         "docs/manifest-reference.md is stale: run `rlhf validate --reference > docs/manifest-reference.md`"
     )
 
@@ -313,8 +324,8 @@ LABEL_KEY = (
 
 
 def test_pod_settings_default_to_nothing_and_the_controller_to_its_old_fixed_size():
-    spec = S.parse_job(job()).spec
-    assert spec.pod == S.PodSettingsSpec() and spec.roles.actor.pod == S.PodSettingsSpec()
+    spec = parse_job(job()).spec
+    assert spec.pod == PodSettingsSpec() and spec.roles.actor.pod == PodSettingsSpec()
     assert spec.image_pull_policy is None and spec.image_pull_secrets == []
     ctl = spec.controller
     assert (ctl.resources.cpu, ctl.resources.memory, ctl.resources.shm) == ("1", "2Gi", "1Gi")
@@ -323,22 +334,22 @@ def test_pod_settings_default_to_nothing_and_the_controller_to_its_old_fixed_siz
 
 
 def test_every_pod_setting_parses_and_round_trips():
-    j = S.load_manifest(EXAMPLES / "grpo-pvc.yaml")
+    j = load_manifest(EXAMPLES / "grpo-pvc.yaml")
     spec = j.spec
     work, models = spec.pod.volumes
-    assert work.persistent_volume_claim == S.PersistentVolumeClaimSourceSpec(claim_name="rlhf-workspace")
+    assert work.persistent_volume_claim == PersistentVolumeClaimSourceSpec(claim_name="rlhf-workspace")
     assert (models.mount_path, models.read_only, models.writable) == ("/models", True, False)
     hf_token = spec.pod.env[0]
-    assert hf_token.value is None and hf_token.value_from.secret_key_ref == S.KeySelectorSpec(
+    assert hf_token.value is None and hf_token.value_from.secret_key_ref == KeySelectorSpec(
         "hf-token", "token", True
     )
     assert spec.roles.actor.resources.devices == {"rdma/hca": 1}
-    assert spec.roles.rollout.pod.volumes[0].empty_dir == S.EmptyDirSourceSpec(size_limit="20Gi")
+    assert spec.roles.rollout.pod.volumes[0].empty_dir == EmptyDirSourceSpec(size_limit="20Gi")
     assert spec.controller.node_pool == "cpu" and spec.controller.resources.ephemeral_storage == "20Gi"
-    assert spec.image_pull_secrets == [S.ImagePullSecretSpec("registry-credentials")]
+    assert spec.image_pull_secrets == [ImagePullSecretSpec("registry-credentials")]
     assert [v.name for v in spec.pod_volumes("rollout")] == ["work", "models", "vllm-cache"]
     assert [v.name for v in spec.pod_volumes("actor")] == ["work", "models"]
-    assert S.parse_spec(S.to_dict(spec)) == spec
+    assert parse_spec(to_dict(spec)) == spec
 
 
 @pytest.mark.parametrize(
@@ -594,8 +605,8 @@ def test_bad_pod_settings_name_the_field_the_value_and_what_is_valid(overrides, 
 def _storage(**spec_updates):
     doc = job()
     doc["spec"].update(spec_updates)
-    j = S.parse_job(doc)
-    return S.cluster_storage_findings(j.spec, j.metadata_name)
+    j = parse_job(doc)
+    return cluster_storage_findings(j.spec, j.metadata_name)
 
 
 CKPT_FIX = (
@@ -774,19 +785,19 @@ def test_cluster_storage_findings(case, updates, errors, warnings):
 
 
 def test_pod_paths_resolve_against_the_working_directory_and_home():
-    assert S.pod_path("runs/demo") == "/workspace/runs/demo"
-    assert S.pod_path("./data/../p.jsonl") == "/workspace/p.jsonl"
-    assert S.pod_path("/abs/x") == "/abs/x"
-    assert S.pod_path("~/.cache/m") == "/tmp/home/.cache/m"
+    assert pod_path("runs/demo") == "/workspace/runs/demo"
+    assert pod_path("./data/../p.jsonl") == "/workspace/p.jsonl"
+    assert pod_path("/abs/x") == "/abs/x"
+    assert pod_path("~/.cache/m") == "/tmp/home/.cache/m"
 
 
 def test_every_example_manifest_is_valid_and_the_pvc_example_is_valid_on_a_cluster():
     names = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
     assert "grpo-pvc.yaml" in names
     for name in names:
-        S.load_manifest(EXAMPLES / name)
-    j = S.load_manifest(EXAMPLES / "grpo-pvc.yaml")
-    assert S.cluster_storage_findings(j.spec, j.metadata_name) == S.StorageFindings([], [])
+        load_manifest(EXAMPLES / name)
+    j = load_manifest(EXAMPLES / "grpo-pvc.yaml")
+    assert cluster_storage_findings(j.spec, j.metadata_name) == StorageFindings([], [])
 
 
 def test_cli_validate_cluster(tmp_path):

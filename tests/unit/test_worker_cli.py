@@ -15,9 +15,10 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
+from rlhf_api import contract
+from rlhf_api.loader import parse_job
 from rlhf_operator import children
-from rlhf_trainer import cli, contract, ray_node, worker_cli
-from rlhf_trainer.spec import parse_job
+from rlhf_trainer import cli, ray_node, worker_cli
 
 
 def _free_port() -> int:

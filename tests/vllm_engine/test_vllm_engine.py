@@ -40,7 +40,7 @@ def _vllm_python() -> str:
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "trainer"), str(ROOT / "operator")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "api"), str(ROOT / "trainer"), str(ROOT / "operator")])
     env.pop("VIRTUAL_ENV", None)
     return env
 
@@ -57,8 +57,8 @@ def _run_check(*args: str, timeout: float = 600) -> Any:
 def tiny_model_dir(tmp_path_factory) -> Path:
     """The quickstart's model, built by this checkout's recipe into the module's own folder (the
     shared cache may hold another version of the recipe while branches differ)."""
+    from rlhf_api.sections import ModelSpec
     from rlhf_trainer.bootstrap import ensure_model
-    from rlhf_trainer.spec import ModelSpec
 
     path = tmp_path_factory.mktemp("vllm-model") / "tiny-arithmetic"
     ensure_model(ModelSpec(path=str(path), bootstrap="tiny-arithmetic"))

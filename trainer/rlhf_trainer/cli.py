@@ -22,13 +22,11 @@ examples:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from rlhf_trainer.spec import (
-        SpecError,
-        cluster_storage_findings,
-        dropped_role_notes,
-        load_manifest,
-        reference_markdown,
-    )
+    from rlhf_api.fields import SpecError
+    from rlhf_api.job import dropped_role_notes
+    from rlhf_api.loader import load_manifest
+    from rlhf_api.reference import reference_markdown
+    from rlhf_api.storage import cluster_storage_findings
 
     if args.reference:
         sys.stdout.write(reference_markdown())

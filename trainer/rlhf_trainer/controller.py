@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlhf_trainer import checkpoint, contract, placement, ray_node
+from rlhf_api import contract
+from rlhf_api.job import JobSpec, RLTrainingJob, unused_roles
+from rlhf_trainer import checkpoint, placement, ray_node
 from rlhf_trainer.dataflow import (
     DataStream,
     DynamicSamplingOperator,
@@ -42,7 +44,6 @@ from rlhf_trainer.dataflow import (
 from rlhf_trainer.dataflow.batch import StepBatch
 from rlhf_trainer.dataflow.context import TrainerContext, timed
 from rlhf_trainer.dataflow.phases import evaluate, reshard_if_needed, sample_rows, sync_weights
-from rlhf_trainer.spec import JobSpec, RLTrainingJob, unused_roles
 from rlhf_trainer.sync.fleet import ElasticOptions, membership_source
 from rlhf_trainer.sync.membership import MembershipSource
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlhf_trainer import contract
+from rlhf_api import contract
 
 #: The minimum Linux driver branch for each CUDA major version (minor-version compatibility).
 DRIVER_FLOOR_BY_CUDA_MAJOR = {13: "580", 12: "525", 11: "450"}

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhf_trainer import contract
+from rlhf_api import contract
 
 #: Fractional Ray resources have 4 decimals; shares are rounded down so n of them fit in 1.
 _RAY_RESOLUTION = 10_000

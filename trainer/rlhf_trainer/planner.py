@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlhf_trainer.spec import roles_in_use
+from rlhf_api.job import roles_in_use
 
 GIB = 1024**3
 MIB = 1024**2
@@ -550,7 +550,7 @@ def _check_reference(ctx: _Ctx) -> None:
 
 
 def _check_reward(ctx: _Ctx, shape_of: ShapeOf) -> None:
-    from rlhf_trainer.spec import reward_model_dtype
+    from rlhf_api.job import reward_model_dtype
 
     spec = ctx.spec
     if spec.reward.model is None or not spec.roles.reward.resources.gpus:
@@ -570,7 +570,7 @@ def _check_reward(ctx: _Ctx, shape_of: ShapeOf) -> None:
 def _check_engine(ctx: _Ctx) -> None:
     """The rollout engine: vLLM's fraction must hold the weights, its profile run and the KV of
     one sequence of maxModelLength; an hf engine its weights and its rows' KV cache."""
-    from rlhf_trainer.spec import max_model_length
+    from rlhf_api.job import max_model_length
 
     spec, shape = ctx.spec, ctx.shape
     colocated = spec.roles.placement == "colocated"

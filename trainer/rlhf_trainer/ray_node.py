@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from rlhf_trainer import contract
+from rlhf_api import contract
 
 #: The raylet's own flag for the dashboard agent's HTTP port (Ray's CLI does not pass it).
 RAYLET_LISTEN_PORT_FLAG = "--dashboard_agent_listen_port"

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlhf_trainer import contract, gpu_preflight, ray_node
+from rlhf_api import contract
+from rlhf_trainer import gpu_preflight, ray_node
 
 #: Where the operator mounts the job's manifest in the controller pod.
 DEFAULT_SPEC_FILE = contract.SPEC_FILE
@@ -58,7 +59,8 @@ def _logging(verbose: bool) -> None:
 
 
 def _load(path: str) -> Any:
-    from rlhf_trainer.spec import SpecError, load_manifest
+    from rlhf_api.fields import SpecError
+    from rlhf_api.loader import load_manifest
 
     try:
         job = load_manifest(path)
@@ -109,8 +111,8 @@ def _run(
     on_status: Any = None,
     membership: Any = None,
 ) -> int:
+    from rlhf_api.job import dropped_role_notes
     from rlhf_trainer import controller
-    from rlhf_trainer.spec import dropped_role_notes
     from rlhf_trainer.sync.fleet import ElasticOptions
 
     for line in dropped_role_notes(job.spec):

@@ -106,7 +106,7 @@ class MlflowTracker(Tracker):
     def __init__(self, run_dir: Path, job: str, project: str | None, config: dict[str, Any]):
         import mlflow
 
-        from rlhf_trainer import contract
+        from rlhf_api import contract
 
         if not contract.ENV_MLFLOW_TRACKING_URI.is_set():
             mlflow.set_tracking_uri((run_dir / MLFLOW_DIR).resolve().as_uri())

@@ -29,7 +29,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rlhf_trainer import contract, gpu_preflight, ray_node
+from rlhf_api import contract
+from rlhf_trainer import gpu_preflight, ray_node
 
 #: How often the wait logs where it stands, and how often it probes the head.
 LOG_EVERY_S = 5.0

@@ -104,7 +104,7 @@ def main(name: str, body: Callable[[Stage], None], *, needs_gpu: bool = True) ->
     ap.add_argument("--device", default="cuda", help="cuda (the check) or cpu (a rehearsal)")
     a = ap.parse_args()
     a.scratch.mkdir(parents=True, exist_ok=True)
-    for path in (ROOT / "trainer", ROOT / "tests" / "gpu"):
+    for path in (ROOT / "api", ROOT / "trainer", ROOT / "tests" / "gpu"):
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))
     os.environ.setdefault("RLHF_TORCH_THREADS", "4")

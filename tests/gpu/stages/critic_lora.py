@@ -34,7 +34,7 @@ def critic(stage: Any) -> None:
     import torch
     from loop import tiny_job
 
-    from rlhf_trainer.spec import parse_spec
+    from rlhf_api.loader import parse_spec
     from rlhf_trainer.workers import CriticWorker
 
     base = tiny_job(stage.shared)
@@ -80,7 +80,7 @@ def lora(stage: Any) -> None:
     spec = tiny_job(stage.shared)
     import dataclasses
 
-    from rlhf_trainer.spec import LoraSpec
+    from rlhf_api.sections import LoraSpec
 
     spec = dataclasses.replace(spec, model=dataclasses.replace(spec.model, lora=LoraSpec()))
     worker = ActorWorker(spec, device=stage.device)

@@ -40,7 +40,7 @@ def body(stage: Stage) -> None:
     ]
     env = {
         **os.environ,
-        "PYTHONPATH": f"{ROOT / 'trainer'}:{ROOT / 'operator'}:{os.environ.get('PYTHONPATH', '')}",
+        "PYTHONPATH": f"{ROOT / 'api'}:{ROOT / 'trainer'}:{ROOT / 'operator'}:{os.environ.get('PYTHONPATH', '')}",
     }
     done = subprocess.run(cmd, cwd=ROOT, env=env, timeout=140)
     counts = _counts(xml)

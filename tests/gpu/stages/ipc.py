@@ -95,7 +95,8 @@ def body(stage: Stage) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "trainer"))
+        for part in ("api", "trainer"):
+            sys.path.insert(0, str(Path(__file__).resolve().parents[3] / part))
         child(Path(sys.argv[2]))
         sys.exit(0)
     sys.exit(main("ipc", body))

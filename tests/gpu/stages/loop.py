@@ -36,8 +36,9 @@ MODEL = Path(
 def tiny_job(shared: Path, dtype: str = "bfloat16", **training: Any) -> Any:
     """The quickstart's spec on the tiny arithmetic model (`MODEL`, bootstrapped when missing:
     `ensure_model` holds a lock while it builds), its prompts written into `shared`."""
+    from rlhf_api.loader import parse_spec
+    from rlhf_api.sections import ModelSpec
     from rlhf_trainer.bootstrap import ensure_model, write_prompts
-    from rlhf_trainer.spec import ModelSpec, parse_spec
 
     shared.mkdir(parents=True, exist_ok=True)
     model, prompts = MODEL, shared / "prompts.jsonl"

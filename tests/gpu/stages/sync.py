@@ -138,7 +138,8 @@ def body(stage: Stage) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--receiver":
-        sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "trainer"))
+        for part in ("api", "trainer"):
+            sys.path.insert(0, str(Path(__file__).resolve().parents[3] / part))
         receiver(int(sys.argv[2]), sys.argv[3])
         sys.exit(0)
     sys.exit(main("sync", body))

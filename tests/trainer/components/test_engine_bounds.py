@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import torch
 
+from rlhf_api.job import max_model_length, reward_model_dtype
+from rlhf_api.loader import parse_job
 from rlhf_trainer.rewards import CombinedReward
 from rlhf_trainer.rollout import build_engine
 from rlhf_trainer.rollout.hf import HFRolloutEngine
-from rlhf_trainer.spec import max_model_length, parse_job, reward_model_dtype
 
 BASE: dict[str, Any] = {
     "apiVersion": "rlhf.dev/v1alpha1",

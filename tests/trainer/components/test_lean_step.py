@@ -15,7 +15,7 @@ from rlhf_trainer.algorithms import build_algorithm
 
 
 def _spec(model: Path, params: dict[str, Any], **training: Any) -> Any:
-    from rlhf_trainer.spec import parse_spec
+    from rlhf_api.loader import parse_spec
 
     return parse_spec(
         {

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from rlhf_api.sections import RewardFunctionSpec, RewardModelSpec, RewardSpec
 from rlhf_trainer.rewards import (
     CombinedReward,
     FunctionReward,
@@ -19,7 +20,6 @@ from rlhf_trainer.rewards import (
     RewardModelScorer,
 )
 from rlhf_trainer.rewards.builtin import arithmetic_exact, arithmetic_partial
-from rlhf_trainer.spec import RewardFunctionSpec, RewardModelSpec, RewardSpec
 
 PROMPTS = ["1+1=", "2+2=", "3+3=", "4+4="]
 RESPONSES = ["2", "5", "6.", "boom"]

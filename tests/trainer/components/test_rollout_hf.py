@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 
+from rlhf_api.sections import RolloutSpec
 from rlhf_trainer.rollout import (
     ENGINES,
     RolloutBatch,
@@ -16,7 +17,6 @@ from rlhf_trainer.rollout import (
 )
 from rlhf_trainer.rollout import engine_class as _engine_class
 from rlhf_trainer.rollout.hf import HFRolloutEngine
-from rlhf_trainer.spec import RolloutSpec
 
 PROMPTS = ["1+2=", "13+4=", "hello, world", "7"]
 

@@ -8,8 +8,8 @@ import importlib.util
 
 import pytest
 
+from rlhf_api.sections import RolloutSpec
 from rlhf_trainer.rollout import build_engine
-from rlhf_trainer.spec import RolloutSpec
 
 
 def test_vllm_engine_without_vllm_names_the_env_script(tmp_path) -> None:

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_trainer.spec import JobSpec, TrackersSpec, parse_spec
+from rlhf_api.job import JobSpec
+from rlhf_api.loader import parse_spec
+from rlhf_api.sections import TrackersSpec
 from rlhf_trainer.trackers import (
     TENSORBOARD_DIR,
     TRACKERS,

@@ -58,7 +58,7 @@ def test_policy_scales_rollout_fleet_1_3_2(tiny_model, ray_session, tmp_path):
         if record.step == 4:  # the controller's /metrics, as Prometheus would see it
             from urllib.request import urlopen
 
-            from rlhf_trainer.autoscale import parse_exposition
+            from rlhf_api.autoscale import parse_exposition
 
             port = (tmp_path / "metrics_port").read_text().strip()
             text = urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rlhf_trainer import contract
+from rlhf_api import contract
 from rlhf_trainer.sync.cluster_membership import ClusterMembership, KubernetesJob, rollout_target
 from rlhf_trainer.sync.membership import PolicyMembership, Target, matches, plan_change
 
@@ -145,7 +145,7 @@ def test_policy_membership_without_autoscaling_keeps_the_spec_size():
 
 
 def test_policy_membership_runs_the_policy_once_per_period_and_cools_down_after_a_reshard():
-    from rlhf_trainer.autoscale import Autoscaler
+    from rlhf_api.autoscale import Autoscaler
 
     now = [0.0]
     autoscaler = Autoscaler(min_replicas=0, max_replicas=4, target=0.2, window=0.0, cooldown=30.0)

@@ -15,7 +15,7 @@ LORA = {"rank": 4, "alpha": 8.0, "targetModules": ["all-linear"]}
 
 
 def lora_spec(model: Path, lora: dict[str, Any] | None = LORA, lr: float = 1e-2) -> Any:
-    from rlhf_trainer.spec import parse_spec
+    from rlhf_api.loader import parse_spec
 
     model_section: dict[str, Any] = {"path": str(model)}
     if lora is not None:

@@ -41,7 +41,7 @@ def make_model(path: Path, vocab: int = 40, hidden: int = 32, layers: int = 2) -
 
 
 def spec_for(model: Path, budget: int | None, micro: int = 3, mini: int = 0, lora: bool = False) -> Any:
-    from rlhf_trainer.spec import parse_spec
+    from rlhf_api.loader import parse_spec
 
     training: dict[str, Any] = {
         "promptsPerStep": 2,

@@ -11,7 +11,7 @@ import torch
 
 
 def spec_for(model: Path, dtype: str, lr: float, micro: int, checkpointing: bool = False) -> Any:
-    from rlhf_trainer.spec import parse_spec
+    from rlhf_api.loader import parse_spec
 
     return parse_spec(
         {

@@ -15,7 +15,7 @@ from .precision_ranks import batch, full_weights, likelihood_loss
 
 
 def spec_for(model: Path, critic: bool = False) -> Any:
-    from rlhf_trainer.spec import parse_spec
+    from rlhf_api.loader import parse_spec
 
     return parse_spec(
         {

@@ -6,10 +6,10 @@ from __future__ import annotations
 import copy
 import json
 
+from rlhf_api.loader import parse_job
 from rlhf_operator import children
 from rlhf_trainer import ray_node
 from rlhf_trainer.run_cli import prepare_controller_pod
-from rlhf_trainer.spec import parse_job
 
 JOB = {
     "apiVersion": "rlhf.dev/v1alpha1",

@@ -16,8 +16,8 @@ def test_quickstart_with_dapo_and_the_rollout_correction_learns(tiny_model, ray_
     import dataclasses
     from pathlib import Path
 
+    from rlhf_api.loader import load_manifest
     from rlhf_trainer.controller import run
-    from rlhf_trainer.spec import load_manifest
 
     from .conftest import PROMPTS, read_metrics
 

@@ -30,8 +30,8 @@ def _tiny_reward_model(path: Path, policy: Path) -> None:
 def test_example_runs(name, tiny_model, ray_session, tmp_path):
     import dataclasses
 
+    from rlhf_api.loader import load_manifest
     from rlhf_trainer.controller import run
-    from rlhf_trainer.spec import load_manifest
 
     job = load_manifest(EXAMPLES / f"{name}.yaml")
     spec = job.spec

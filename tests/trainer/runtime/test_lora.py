@@ -99,7 +99,9 @@ def test_merge_is_w_plus_scaled_b_at_a():
 
 
 def test_lora_spec_errors_name_the_field(tmp_path):
-    from rlhf_trainer.spec import API_VERSION, KIND, SpecError, parse_job
+    from rlhf_api.contract import API_VERSION, KIND
+    from rlhf_api.fields import SpecError
+    from rlhf_api.loader import parse_job
 
     def job(lora: dict) -> dict:
         spec = {
@@ -127,8 +129,8 @@ def test_lora_spec_errors_name_the_field(tmp_path):
 
 
 def test_a_lora_job_has_no_reference_pods_and_starts_no_reference_role(tmp_path):
+    from rlhf_api.job import _pod_counts, reference_in_actor
     from rlhf_operator.children import role_replicas
-    from rlhf_trainer.spec import _pod_counts, reference_in_actor
 
     with_lora, without = lora_spec(tmp_path), lora_spec(tmp_path, None)
     assert reference_in_actor(with_lora) and not reference_in_actor(without)
@@ -310,8 +312,10 @@ def test_quickstart_with_lora_learns_and_exports_a_merged_model(tiny_model, ray_
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rlhf_api.job import reference_in_actor
+    from rlhf_api.loader import load_manifest
+    from rlhf_api.sections import LoraSpec
     from rlhf_trainer.controller import run
-    from rlhf_trainer.spec import LoraSpec, load_manifest, reference_in_actor
 
     from .conftest import PROMPTS, read_metrics
 
@@ -360,7 +364,7 @@ def test_lora_fsdp2_disaggregated_pushes_merged_weights_and_learns(
     every update (hashed on both sides: the step fails when the replica's weights differ from
     the actor's merged ones), a KL term scored by the actor's base model
     (`roles.reference.replicas: 1` is ignored: no reference role runs), and the reward rises."""
-    from rlhf_trainer import contract
+    from rlhf_api import contract
     from rlhf_trainer.controller import run
 
     monkeypatch.setenv(contract.ENV_VERIFY_WEIGHT_SYNC.name, "1")

@@ -101,8 +101,8 @@ def test_quickstart_learns_in_bf16(tiny_model, ray_session, tmp_path):
     import dataclasses
     from pathlib import Path
 
+    from rlhf_api.loader import load_manifest
     from rlhf_trainer.controller import run
-    from rlhf_trainer.spec import load_manifest
 
     from .conftest import PROMPTS, read_metrics
 

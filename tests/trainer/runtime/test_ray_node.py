@@ -24,8 +24,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from rlhf_api import contract
 from rlhf_operator.testing import free_port
-from rlhf_trainer import contract, ray_node
+from rlhf_trainer import ray_node
 
 #: Longer than the raylet's fixed 15 s wait for an agent's port file.
 AGENT_DELAY_S = 22

@@ -47,8 +47,8 @@ def _manifest(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sigkill_mid_step_then_restart_matches_uninterrupted_run(tiny_model, ray_session, tmp_path):
+    from rlhf_api.loader import load_manifest
     from rlhf_trainer.controller import run
-    from rlhf_trainer.spec import load_manifest
 
     manifest = _manifest(tmp_path)
     straight = tmp_path / "straight"

@@ -15,8 +15,8 @@ from .conftest import make_job
 def test_grpo_without_kl_starts_no_critic_or_reference_worker(
     tiny_model: Path, ray_session: None, tmp_path: Path
 ):
+    from rlhf_api.job import unused_roles
     from rlhf_trainer import controller
-    from rlhf_trainer.spec import unused_roles
 
     job = make_job("no-idle", roles={"critic": {"replicas": 1}, "reference": {"replicas": 1}})
     assert job.spec.roles.critic.replicas == 1 and {"critic", "reference"} <= set(unused_roles(job.spec))

@@ -25,7 +25,7 @@ def _probe_worker() -> type:
     import torch
     import torch.distributed as dist
 
-    from rlhf_trainer import contract
+    from rlhf_api import contract
     from rlhf_trainer.workers.base import Worker
     from rlhf_trainer.workers.distributed import rendezvous_host
 
@@ -57,9 +57,9 @@ def main() -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    from rlhf_trainer import contract
+    from rlhf_api import contract
+    from rlhf_api.loader import parse_spec
     from rlhf_trainer.controller import start_ray
-    from rlhf_trainer.spec import parse_spec
     from rlhf_trainer.workers.group import WorkerGroup
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})

@@ -219,7 +219,7 @@ def test_nccl_streams_only_to_members_marked_ready_in_the_store() -> None:
 def test_the_nccl_group_is_built_with_communicator_only_error_handling(monkeypatch) -> None:
     """`TORCH_NCCL_ASYNC_ERROR_HANDLING` is 2 while the sync group is constructed and the pod's own
     value (1: tear down, for gang restarts) is back afterwards."""
-    from rlhf_trainer import contract
+    from rlhf_api import contract
 
     var = contract.ENV_TORCH_NCCL_ASYNC_ERROR_HANDLING
     monkeypatch.setenv(var.name, "1")

@@ -10,6 +10,7 @@ import torch
 from algo_reference import LAYOUTS, SEEDS, case, close, randn, to_lists
 from torch.autograd import gradcheck
 
+from rlhf_api.fields import BUILTIN_ALGORITHMS
 from rlhf_trainer.algorithms import (
     ALGORITHMS,
     GRPO,
@@ -24,7 +25,6 @@ from rlhf_trainer.algorithms import (
     list_algorithms,
 )
 from rlhf_trainer.algorithms.builtin import PPOParams
-from rlhf_trainer.spec import BUILTIN_ALGORITHMS
 
 #: Every shipped algorithm (test_algo_registry keeps the registry equal to this list).
 BUILTINS = sorted(BUILTIN_ALGORITHMS)
@@ -62,7 +62,7 @@ def training(batch, gen):
 
 
 def test_list_algorithms_matches_the_spec():
-    from rlhf_trainer.spec import BUILTIN_ALGORITHMS
+    from rlhf_api.fields import BUILTIN_ALGORITHMS
 
     assert list_algorithms() == BUILTINS
     assert sorted(BUILTIN_ALGORITHMS) == BUILTINS
@@ -557,7 +557,7 @@ def test_policy_loss_gspo_under_grpo_warns_about_the_ppo_clip_range():
 
 
 def test_dr_grpo_preset_no_std_and_a_constant_length_normaliser_from_the_job():
-    from rlhf_trainer.spec import parse_job
+    from rlhf_api.loader import parse_job
 
     job = parse_job(
         {

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rlhf_trainer.algorithm_params import GRPOParams
+from rlhf_api.algorithm_params import GRPOParams
 from rlhf_trainer.algorithms import build_algorithm
 from rlhf_trainer.algorithms.dapo import groups_with_variance, overlong_penalty
 from rlhf_trainer.algorithms.off_policy import rollout_importance_weights

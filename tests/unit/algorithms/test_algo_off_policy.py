@@ -96,8 +96,8 @@ def test_staleness_and_rows_older_than_the_bound():
 
 
 def _ctx(max_staleness: int, version: int):
+    from rlhf_api.loader import parse_job
     from rlhf_trainer.dataflow.context import TrainerContext
-    from rlhf_trainer.spec import parse_job
 
     job = parse_job(
         {

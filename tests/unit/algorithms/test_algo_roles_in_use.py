@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from rlhf_trainer.algorithm_params import BUILTIN_PARAMS
+from rlhf_api.algorithm_params import BUILTIN_PARAMS
+from rlhf_api.job import roles_in_use, unused_roles
+from rlhf_api.loader import parse_job
 from rlhf_trainer.algorithms.base import build_algorithm
-from rlhf_trainer.spec import parse_job, roles_in_use, unused_roles
 
 CASES = [(name, {}) for name in BUILTIN_PARAMS] + [
     (name, {"klCoef": 0})

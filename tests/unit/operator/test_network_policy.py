@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_operator import labels
+from rlhf_api import contract
 from rlhf_operator.network_policy import Settings, SettingsError, build_network_policy, ingress_peers
 
 
@@ -52,11 +52,11 @@ def test_the_policy_selects_the_jobs_pods_and_admits_only_its_peers():
     meta = {"name": "j", "namespace": "team-a"}
     pol = build_network_policy("j", meta, settings)
     assert pol["kind"] == "NetworkPolicy" and pol["metadata"] is meta
-    assert pol["spec"]["podSelector"] == {"matchLabels": {labels.JOB_NAME: "j"}}
+    assert pol["spec"]["podSelector"] == {"matchLabels": {contract.JOB_NAME: "j"}}
     assert pol["spec"]["policyTypes"] == ["Ingress"]  # egress stays open (API server, DNS, stores)
     (rule,) = pol["spec"]["ingress"]
     assert rule["from"] == [
-        {"podSelector": {"matchLabels": {labels.JOB_NAME: "j"}}},  # same namespace, same job
+        {"podSelector": {"matchLabels": {contract.JOB_NAME: "j"}}},  # same namespace, same job
         {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rlhf-system"}},
             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rlhf-operator"}},
@@ -67,8 +67,8 @@ def test_the_policy_selects_the_jobs_pods_and_admits_only_its_peers():
     # Another job's pods match no peer: its job-name label differs, and a bare podSelector is
     # confined to the policy's namespace.
     assert all(
-        p.get("podSelector", {}).get("matchLabels", {}).get(labels.JOB_NAME) in (None, "j")
+        p.get("podSelector", {}).get("matchLabels", {}).get(contract.JOB_NAME) in (None, "j")
         for p in rule["from"]
     )
     assert build_network_policy("j", meta, Settings(enabled=False)) is None
-    assert ingress_peers("j", Settings()) == [{"podSelector": {"matchLabels": {labels.JOB_NAME: "j"}}}]
+    assert ingress_peers("j", Settings()) == [{"podSelector": {"matchLabels": {contract.JOB_NAME: "j"}}}]

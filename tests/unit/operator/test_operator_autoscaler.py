@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from operator_helpers import BASE_SPEC, at, job, merge_patch
 
+from rlhf_api.autoscale import PrometheusSource, Recommendation, ScrapeSource
+from rlhf_api.loader import parse_job
 from rlhf_operator import autoscaler, kube, metrics
 from rlhf_operator.executor import Executor
 from rlhf_operator.status import get_condition
-from rlhf_trainer.autoscale import PrometheusSource, Recommendation, ScrapeSource
-from rlhf_trainer.spec import parse_job
 
 AUTO = {
     "enabled": True,

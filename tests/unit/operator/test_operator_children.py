@@ -10,8 +10,9 @@ import pytest
 import yaml
 from operator_helpers import BASE_SPEC, job
 
+from rlhf_api.fields import to_dict
+from rlhf_api.loader import parse_job, parse_spec
 from rlhf_operator import children, kueue
-from rlhf_trainer.spec import parse_job, parse_spec, to_dict
 
 ELASTIC = Path(__file__).resolve().parents[3] / "manifests" / "examples" / "elastic.yaml"
 

@@ -8,15 +8,15 @@ from typing import Any
 import pytest
 from operator_helpers import job
 
+from rlhf_api import loader
+from rlhf_api.fields import SpecError
 from rlhf_operator import crd, jobs, kube
-from rlhf_trainer import spec as spec_module
-from rlhf_trainer.spec import SpecError
 
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
-    real = spec_module.parse_job
+    real = loader.parse_job
 
     def parse_job(doc: dict[str, Any], old: dict[str, Any] | None = None, *, admitted: bool = False) -> Any:
         calls.append(doc)

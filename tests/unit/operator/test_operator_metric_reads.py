@@ -19,9 +19,9 @@ import pytest
 from operator_helpers import at
 from test_operator_autoscaler import ScaleKube, running
 
+from rlhf_api.autoscale import MetricError, PrometheusSource, ScrapeSource, fetch
 from rlhf_operator import autoscaler
 from rlhf_operator.executor import Executor
-from rlhf_trainer.autoscale import MetricError, PrometheusSource, ScrapeSource, fetch
 
 SECRET = "tenant-b-internal-secret"
 

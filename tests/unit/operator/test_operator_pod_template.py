@@ -10,16 +10,12 @@ from typing import Any
 import pytest
 from operator_helpers import BASE_SPEC, job
 
+from rlhf_api import contract
+from rlhf_api.contract import GROUP
+from rlhf_api.loader import parse_job
+from rlhf_api.pods import OPERATOR_METADATA_KEYS, OPERATOR_VOLUMES, EnvVarSpec
+from rlhf_api.storage import pod_mounts
 from rlhf_operator import children, pod_template
-from rlhf_trainer import contract
-from rlhf_trainer.spec import (
-    GROUP,
-    OPERATOR_METADATA_KEYS,
-    OPERATOR_VOLUMES,
-    EnvVarSpec,
-    parse_job,
-    pod_mounts,
-)
 
 OPERATOR_VOLUMES_OF_A_POD = [
     {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
@@ -481,7 +477,7 @@ def test_the_spec_refuses_every_label_and_annotation_key_the_operator_sets() -> 
 
 
 def test_the_controller_pods_default_size_is_the_one_it_always_had() -> None:
-    from rlhf_trainer.spec import ControllerResourcesSpec
+    from rlhf_api.roles import ControllerResourcesSpec
 
     default = ControllerResourcesSpec()
     assert {"cpu": default.cpu, "memory": default.memory} == children.CONTROLLER_RESOURCES

@@ -8,9 +8,9 @@ from typing import Any
 
 from operator_helpers import at, job, names, phase, running, scheduled, unschedulable, with_status
 
+from rlhf_api.loader import parse_job
 from rlhf_operator import children, reconcile
 from rlhf_operator.status import get_condition
-from rlhf_trainer.spec import parse_job
 
 ALL = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0", "j-rollout-0", "j-rollout-1"]
 GANG = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0"]

@@ -10,10 +10,11 @@ import pytest
 from operator_helpers import at, job, names, phase, with_status
 from test_operator_executor import FakeKube, run
 
+from rlhf_api.loader import parse_job
+from rlhf_api.status import CHILD_FAILURE
 from rlhf_operator import children, ownership, reconcile
 from rlhf_operator.executor import Executor
-from rlhf_operator.status import CHILD_FAILURE, get_condition
-from rlhf_trainer.spec import parse_job
+from rlhf_operator.status import get_condition
 
 ALL = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0", "j-rollout-0", "j-rollout-1"]
 

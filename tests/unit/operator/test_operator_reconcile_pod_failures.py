@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from operator_helpers import at, job, names, running, with_status
 
+from rlhf_api.loader import parse_job
 from rlhf_operator import children, failure_policy, reconcile
 from rlhf_operator.status import get_condition, rfc3339
-from rlhf_trainer.spec import parse_job
 
 ALL = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0", "j-rollout-0", "j-rollout-1"]
 IMAGE = "trainer:test"

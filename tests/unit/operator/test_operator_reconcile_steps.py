@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from operator_helpers import T0, at, job, names, phase, running, scheduled, unschedulable
 
+from rlhf_api.loader import parse_job
 from rlhf_operator import children, reconcile
 from rlhf_operator.status import rfc3339
-from rlhf_trainer.spec import parse_job
 
 ALL = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0", "j-rollout-0", "j-rollout-1"]
 GANG = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0"]

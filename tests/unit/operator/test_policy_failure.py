@@ -11,9 +11,11 @@ import pytest
 from operator_helpers import T0
 from operator_helpers import bare_pod as pod
 
+from rlhf_api.fields import SpecError
+from rlhf_api.loader import parse_spec
+from rlhf_api.roles import FAILURE_REASONS, FailurePolicySpec
 from rlhf_operator import failure_policy
 from rlhf_operator.failure_policy import PodFailure
-from rlhf_trainer.spec import FAILURE_REASONS, FailurePolicySpec, SpecError, parse_spec
 
 
 def disrupted(reason: str) -> list[dict[str, Any]]:

@@ -11,9 +11,13 @@ from typing import Any
 import pytest
 from operator_helpers import at, job
 
+from rlhf_api.fields import MAX_FREE_FORM_DEPTH, MAX_FREE_FORM_PROPERTIES, SpecError
+from rlhf_api.loader import parse_job
+from rlhf_api.schema import openapi_schema
+from rlhf_api.sections import RewardFunctionSpec
+from rlhf_api.status import FAILED
 from rlhf_operator import reconcile, safe_json
-from rlhf_operator.status import FAILED, get_condition
-from rlhf_trainer import spec
+from rlhf_operator.status import get_condition
 
 
 def nested(depth: int, leaf: Any = 1, key: str = "a") -> Any:
@@ -152,8 +156,8 @@ def test_a_job_with_deep_kwargs_fails_naming_the_field(depth: int) -> None:
     ("field", "value", "ok"),
     [
         ("reward.functions.0.kwargs", {"n": 3, "names": ["a", "b"], "opts": {"x": {"y": 1}}}, True),
-        ("reward.functions.0.kwargs", nested(spec.MAX_FREE_FORM_DEPTH), True),
-        ("reward.functions.0.kwargs", nested(spec.MAX_FREE_FORM_DEPTH + 1), False),
+        ("reward.functions.0.kwargs", nested(MAX_FREE_FORM_DEPTH), True),
+        ("reward.functions.0.kwargs", nested(MAX_FREE_FORM_DEPTH + 1), False),
         ("reward.functions.0.kwargs", {f"k{i}": i for i in range(65)}, False),
         ("reward.functions.0.kwargs", {"a": [{f"k{i}": i for i in range(65)}]}, False),
     ],
@@ -166,13 +170,13 @@ def test_free_form_fields_have_a_depth_and_a_size(field: str, value: Any, ok: bo
         obj = obj[int(key)] if isinstance(obj, list) else obj[key]
     obj[last] = value
     if ok:
-        spec.parse_job(body, admitted=True)
+        parse_job(body, admitted=True)
         return
-    with pytest.raises(spec.SpecError) as err:
-        spec.parse_job(body, admitted=True)
+    with pytest.raises(SpecError) as err:
+        parse_job(body, admitted=True)
     assert any(e.startswith("spec.reward.functions[0].kwargs") for e in err.value.errors), err.value.errors
 
 
 def test_free_form_schemas_bound_their_keys() -> None:
-    schema = spec.openapi_schema(spec.RewardFunctionSpec)
-    assert schema["properties"]["kwargs"]["maxProperties"] == spec.MAX_FREE_FORM_PROPERTIES
+    schema = openapi_schema(RewardFunctionSpec)
+    assert schema["properties"]["kwargs"]["maxProperties"] == MAX_FREE_FORM_PROPERTIES

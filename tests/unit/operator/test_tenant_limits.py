@@ -12,11 +12,15 @@ from typing import Any
 import pytest
 from operator_helpers import BASE_SPEC, at, job, running
 
+from rlhf_api.fields import MAX_PODS_PER_JOB, MAX_REPLICAS, SpecError
+from rlhf_api.job import JobSpec
+from rlhf_api.loader import parse_job, parse_spec
+from rlhf_api.roles import FailurePolicyRuleSpec, FailurePolicySpec
+from rlhf_api.schema import openapi_schema
+from rlhf_api.status import FAILED
 from rlhf_operator import children, failure_policy, reconcile, tenant_limits
-from rlhf_operator.status import FAILED, get_condition, set_condition, summary
+from rlhf_operator.status import get_condition, set_condition, summary
 from rlhf_operator.tenant_limits import Limits, clamp_int, host_path_allowed
-from rlhf_trainer import spec
-from rlhf_trainer.spec import SpecError, parse_job
 
 
 def _with(path: str, value: Any, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -65,12 +69,12 @@ def test_replica_counts_above_the_bounds_are_refused_naming_the_bound(
 
 
 def test_the_crd_carries_the_bounds() -> None:
-    schema = spec.openapi_schema(spec.JobSpec)
+    schema = openapi_schema(JobSpec)
     roles = schema["properties"]["roles"]["properties"]
-    assert roles["actor"]["properties"]["replicas"]["maximum"] == spec.MAX_REPLICAS
-    assert roles["rollout"]["properties"]["maxReplicas"]["maximum"] == spec.MAX_REPLICAS
+    assert roles["actor"]["properties"]["replicas"]["maximum"] == MAX_REPLICAS
+    assert roles["rollout"]["properties"]["maxReplicas"]["maximum"] == MAX_REPLICAS
     rules = [r["rule"] for r in schema["x-kubernetes-validations"]]
-    assert any(r.endswith(f"<= {spec.MAX_PODS_PER_JOB}") and "maxReplicas" in r for r in rules)
+    assert any(r.endswith(f"<= {MAX_PODS_PER_JOB}") and "maxReplicas" in r for r in rules)
 
 
 def test_a_job_above_the_operators_bound_fails_before_a_pod_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,13 +131,13 @@ def test_pod_count_is_arithmetic_on_the_spec(placement: str, actor: int, rollout
     s["roles"]["placement"] = placement
     s["roles"]["actor"]["replicas"] = actor
     s["roles"]["rollout"]["maxReplicas"] = rollout_max
-    assert tenant_limits.pod_count(spec.parse_spec(s)) == pods
+    assert tenant_limits.pod_count(parse_spec(s)) == pods
 
 
 @pytest.mark.parametrize(
     ("env", "expect"),
     [
-        ({}, Limits(spec.MAX_PODS_PER_JOB, ())),
+        ({}, Limits(MAX_PODS_PER_JOB, ())),
         ({"RLHF_OPERATOR_MAX_PODS_PER_JOB": "64"}, Limits(64, ())),
         (
             {"RLHF_OPERATOR_ALLOWED_HOST_PATHS": " /data , /models/shared,"},
@@ -268,7 +272,7 @@ def test_a_forged_restart_count_costs_nothing(restarts: Any) -> None:
 def test_backoff_is_capped_before_the_power_and_has_a_floor(
     backoff: int, restarts: int, expect: float
 ) -> None:
-    policy = spec.FailurePolicySpec(max_restarts=3, backoff_seconds=backoff, max_backoff_seconds=60)
+    policy = FailurePolicySpec(max_restarts=3, backoff_seconds=backoff, max_backoff_seconds=60)
     started = time.perf_counter()
     assert failure_policy.backoff_seconds(policy, restarts) == expect
     assert time.perf_counter() - started < 0.1
@@ -310,9 +314,9 @@ def test_summary_reads_progress_defensively(progress: dict[str, Any], reward: fl
 
 
 def test_uncounted_restarts_are_capped() -> None:
-    policy = spec.FailurePolicySpec(
+    policy = FailurePolicySpec(
         max_restarts=3,
-        rules=[spec.FailurePolicyRuleSpec(action="RestartGangNoCount", on_reasons=["NodeLost"])],
+        rules=[FailurePolicyRuleSpec(action="RestartGangNoCount", on_reasons=["NodeLost"])],
     )
     failure = failure_policy.missing_pod("j-actor-0", "actor")
     assert failure.cause == "NodeLost"

@@ -18,11 +18,11 @@ import pytest
 from operator_helpers import at
 from test_operator_autoscaler import ScaleKube, running
 
+from rlhf_api import autoscale
+from rlhf_api.autoscale import MetricError, ScrapeSource, parse_exposition, series_lines
+from rlhf_api.loader import parse_job
 from rlhf_operator import autoscaler
 from rlhf_operator.executor import Executor, read_signal
-from rlhf_trainer import autoscale
-from rlhf_trainer.autoscale import MetricError, ScrapeSource, parse_exposition, series_lines
-from rlhf_trainer.spec import parse_job
 
 SERIES = "rlhf_rollout_wait_seconds"
 

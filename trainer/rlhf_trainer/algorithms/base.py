@@ -87,7 +87,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
-from rlhf_trainer.algorithm_params import AlgorithmParams, _snake, param
+from rlhf_api.algorithm_params import AlgorithmParams, _snake, param
 
 from .registry import ALGORITHMS
 

@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from rlhf_trainer import algorithm_params
-from rlhf_trainer.algorithm_params import (
+from rlhf_api import algorithm_params
+from rlhf_api.algorithm_params import (
     DrGRPOParams,
     DynamicKLPPOParams,
     GRPOParams,

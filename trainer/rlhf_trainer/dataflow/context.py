@@ -8,18 +8,31 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from rlhf_trainer.spec import JobSpec
+from rlhf_api.job import JobSpec
 
 if TYPE_CHECKING:
+    from torch import Tensor
     from transformers import PreTrainedTokenizerBase
 
     from rlhf_trainer.algorithms.base import Algorithm
     from rlhf_trainer.data import PromptDataset
-    from rlhf_trainer.dataflow.rollout_ahead import RolloutAhead
+    from rlhf_trainer.dataflow.batch import StepBatch
     from rlhf_trainer.sync.fleet import RolloutFleet
     from rlhf_trainer.workers.group import WorkerGroup
+
+
+class Ahead(Protocol):
+    """What a step sees of the rollout generated ahead (`dataflow.rollout_ahead.RolloutAhead`):
+    the context holds one without depending on the module that runs it."""
+
+    def launch(self, step: int) -> None: ...
+    def settle(self) -> float: ...
+    def take(self, step: int) -> tuple[StepBatch | None, float]: ...
+    def state(self) -> tuple[dict[str, Any], dict[str, Tensor]]: ...
+    def restore(self, info: dict[str, Any], tensors: dict[str, Tensor]) -> None: ...
+    def shutdown(self) -> None: ...
 
 
 @dataclass
@@ -46,7 +59,7 @@ class TrainerContext:
     fleet: RolloutFleet | None = None
     """The elastic fleet over `rollout` (`sync.fleet`): prompt leases, the weight-sync group, and
     the source of membership changes (the local policy, or the operator on a cluster)."""
-    ahead: RolloutAhead | None = None
+    ahead: Ahead | None = None
     """Asynchronous rollouts (`rollout.maxStaleness` > 0, disaggregated): the rollout of the next
     step, generated while this one trains (`dataflow.rollout_ahead`)."""
     step: int = 0
@@ -54,7 +67,6 @@ class TrainerContext:
     """Bumped by every policy update; rollout workers tag each sample with the version they ran."""
     eval_prompts: list[Any] = field(default_factory=list)
     """The evaluation's prompts (`data.PromptItem`s of `spec.eval.path`), in file order."""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def colocated(self) -> bool:

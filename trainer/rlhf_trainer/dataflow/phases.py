@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rlhf_api.job import reference_in_actor
 from rlhf_trainer.dataflow.batch import StepBatch
 from rlhf_trainer.dataflow.context import TrainerContext
-from rlhf_trainer.spec import reference_in_actor
 
 log = logging.getLogger(__name__)
 

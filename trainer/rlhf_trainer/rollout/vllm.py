@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from rlhf_trainer import contract
+from rlhf_api import contract
 from rlhf_trainer.rollout.batch import RolloutBatch
 from rlhf_trainer.rollout.hf import torch_dtype
 from rlhf_trainer.rollout.sampling import check_sampling_params

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from rlhf_trainer import contract
+from rlhf_api import contract
 
 from .membership import Target
 

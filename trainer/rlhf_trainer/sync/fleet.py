@@ -42,14 +42,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rlhf_trainer import contract
+from rlhf_api import contract
 
 from .leasing import PromptLeasing
 from .membership import MembershipSource, PolicyMembership, Target, matches, plan_change
 from .push import SyncRecord, SyncStart, WeightPush
 
 if TYPE_CHECKING:
-    from rlhf_trainer.spec import JobSpec
+    from rlhf_api.job import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -58,7 +58,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from rlhf_trainer import contract
+from rlhf_api import contract
 
 from .buckets import (
     DEFAULT_BUCKET_BYTES,

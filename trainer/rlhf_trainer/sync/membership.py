@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from rlhf_trainer.autoscale import Autoscaler, MetricSource
-    from rlhf_trainer.spec import JobSpec
+    from rlhf_api.autoscale import Autoscaler, MetricSource
+    from rlhf_api.job import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class PolicyMembership:
         a = spec.autoscaling
         autoscaler = metric_source = None
         if a.enabled:
-            from rlhf_trainer.autoscale import Autoscaler
+            from rlhf_api.autoscale import Autoscaler
 
             autoscaler = Autoscaler.from_spec(a, spec.roles.rollout)
             metric_source = prometheus_source(job_name, a)
@@ -211,7 +211,7 @@ class PolicyMembership:
         return Target(self.desired)
 
     def read_signal(self, step: int, metrics: dict[str, float]) -> float | None:
-        from rlhf_trainer.autoscale import MetricError
+        from rlhf_api.autoscale import MetricError
 
         if self.signal is not None:
             return self.signal(step, metrics)
@@ -259,8 +259,8 @@ def prometheus_source(job: str, autoscaling: Any) -> MetricSource | None:
     prom = autoscaling.prometheus
     if prom is None:
         return None
-    from rlhf_trainer import contract
-    from rlhf_trainer.autoscale import PrometheusSource
+    from rlhf_api import contract
+    from rlhf_api.autoscale import PrometheusSource
 
     namespace = contract.ENV_NAMESPACE.get() or "default"
     return PrometheusSource.for_job(

@@ -152,8 +152,8 @@ class ActorWorker(TrainableWorker):
         refreshed by `sync_engine` after each update (the training -> inference reshard)."""
         from transformers import AutoTokenizer
 
+        from rlhf_api.job import max_model_length
         from rlhf_trainer.rollout.hf import HFRolloutEngine
-        from rlhf_trainer.spec import max_model_length
 
         r = self.spec.rollout
         if r.engine != "hf":

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlhf_trainer.spec import JobSpec
+from rlhf_api.job import JobSpec
 from rlhf_trainer.workers import batching, distributed
 
 

@@ -13,7 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from rlhf_trainer import contract
+from rlhf_api import contract
 
 #: How long a collective may block before the group raises instead of hanging forever.
 COLLECTIVE_TIMEOUT = timedelta(seconds=contract.ENV_COLLECTIVE_TIMEOUT_S.get_int())

@@ -19,8 +19,8 @@ from typing import Any
 
 import ray
 
-from rlhf_trainer import contract
-from rlhf_trainer.spec import JobSpec
+from rlhf_api import contract
+from rlhf_api.job import JobSpec
 from rlhf_trainer.sync.push import gather
 
 #: Logical CPUs each worker asks Ray for: fractional, so a whole job fits on a laptop.

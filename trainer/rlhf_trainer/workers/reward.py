@@ -18,8 +18,8 @@ class RewardWorker(Worker):
     role = "reward"
 
     def setup(self) -> None:
+        from rlhf_api.job import reward_model_dtype
         from rlhf_trainer.rewards import CombinedReward
-        from rlhf_trainer.spec import reward_model_dtype
 
         self.rewards: dict[str, Any] = {
             JOB_REWARDS: CombinedReward.from_spec(

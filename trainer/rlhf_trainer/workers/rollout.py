@@ -22,8 +22,8 @@ class RolloutWorker(Worker):
     role = "rollout"
 
     def setup(self) -> None:
+        from rlhf_api.job import max_model_length
         from rlhf_trainer.rollout import build_engine
-        from rlhf_trainer.spec import max_model_length
 
         self.engine = build_engine(
             self.spec.rollout,

@@ -6,8 +6,9 @@ constants; the trainer reads the environment only through the `EnvVar` accessors
 (`tests/unit/test_contract.py`) builds pods of representative jobs and scans the trainer for
 accessor calls, and fails when a variable is set on one side only.
 
-This module is imported by the operator and by the trainer, so it stays torch-free, Ray-free and
-imports nothing from `rlhf_operator` (the trainer image does not ship the operator).
+This module is imported by the operator and by the trainer, so, like all of `rlhf_api`, it stays
+torch-free and Ray-free and imports neither `rlhf_operator` nor `rlhf_trainer`. The operator's
+labels, annotations and resource names are here too (it has no module of its own for them).
 """
 
 from __future__ import annotations

@@ -29,6 +29,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from rlhf_api.fields import DNS_LABEL_RE, cel_int
+from rlhf_api.job import JobSpec
+from rlhf_api.schema import openapi_schema
+
 #: Bounds added to every string, list and map that has none, so that the API server can bound the
 #: cost of the CEL rules (and so that nobody stores megabytes in a job).
 MAX_STRING = 4096
@@ -71,7 +75,6 @@ _INT64 = 2**63
 
 def bound(schema: dict[str, Any]) -> dict[str, Any]:
     """Add maxLength/maxItems/maxProperties where a schema has none, recursively."""
-    from rlhf_trainer.spec import DNS_LABEL_RE
 
     out = copy.deepcopy(schema)
     kind = out.get("type")
@@ -109,7 +112,6 @@ def full_defaults(schema: dict[str, Any]) -> dict[str, Any]:
 
 def spec_schema() -> dict[str, Any]:
     """The `spec` schema of the CRD."""
-    from rlhf_trainer.spec import JobSpec, openapi_schema
 
     return full_defaults(bound(openapi_schema(JobSpec)))
 
@@ -117,7 +119,6 @@ def spec_schema() -> dict[str, Any]:
 def name_rules() -> list[dict[str, Any]]:
     """Rules on `metadata.name` (at the root: CEL sees only the name of the metadata), from every
     name the operator derives from it."""
-    from rlhf_trainer.spec import cel_int
 
     rules: list[dict[str, Any]] = [
         {
