@@ -454,6 +454,58 @@ CREATE_CASES: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
         ),
         "spec.roles.actor.pod.volumes",
     ),
+    (
+        "role volume mounted where spec.pod's is",
+        "pod",
+        both(
+            setp("spec.pod", {"volumes": [_vol("c", "/c")]}),
+            setp("spec.controller", {"pod": {"volumes": [_vol("d", "/c")]}}),
+        ),
+        "spec.controller.pod.volumes",
+    ),
+    (
+        "two volumes of one name",
+        "pod",
+        setp("spec.pod", {"volumes": [_vol("a", "/c"), _vol("a", "/d")]}),
+        "spec.pod.volumes",
+    ),
+    (
+        "env valueFrom with no source",
+        "pod",
+        setp("spec.pod", {"env": [{"name": "A", "valueFrom": {}}]}),
+        "spec.pod.env[0].valueFrom",
+    ),
+    (
+        "exit codes out of range",
+        "cross-field",
+        setp(
+            "spec.failurePolicy.rules",
+            [{"action": "FailJob", "onReasons": ["ContainerExitCode"], "exitCodes": [0]}],
+        ),
+        "spec.failurePolicy.rules[0].exitCodes",
+    ),
+    (
+        "exit codes without the ContainerExitCode reason",
+        "cross-field",
+        setp("spec.failurePolicy.rules", [{"action": "FailJob", "onReasons": ["Evicted"], "exitCodes": [1]}]),
+        "spec.failurePolicy.rules[0].exitCodes",
+    ),
+    (
+        "dr_grpo with the std normalisation",
+        "params",
+        both(setp(f"{A}.name", "dr_grpo"), setp(f"{P}", {"normByStd": True})),
+        f"{P}.normByStd",
+    ),
+    (
+        "dynamic_kl_ppo with an adaptive controller",
+        "params",
+        both(
+            setp(f"{A}.name", "dynamic_kl_ppo"),
+            setp(f"{R}.critic.replicas", 1),
+            setp(f"{P}", {"klController": "adaptive"}),
+        ),
+        f"{P}.klController",
+    ),
     # -- algorithm and rollout together (issue 22: runs that would silently learn nothing)
     *[
         (

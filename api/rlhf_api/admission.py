@@ -26,9 +26,9 @@ from __future__ import annotations
 import copy
 import functools
 import re
-from collections.abc import Callable
 from typing import Any
 
+from rlhf_api.cel import INT64, eval_cel, to_cel
 from rlhf_api.fields import DNS_LABEL_RE, cel_int
 from rlhf_api.job import JobSpec
 from rlhf_api.schema import openapi_schema
@@ -70,7 +70,6 @@ OBJECT_META_FIELDS = (
     "finalizers",
     "managedFields",
 )
-_INT64 = 2**63
 
 
 def bound(schema: dict[str, Any]) -> dict[str, Any]:
@@ -302,7 +301,7 @@ def _structural(
         errs.append(f"{path}: Invalid value: {_show(value)}: must be {_TYPE_WORDS[kind]}")
         blocked.append(path)
         return False
-    if kind == "integer" and not -_INT64 <= value < _INT64:
+    if kind == "integer" and not -INT64 <= value < INT64:
         errs.append(f"{path}: Invalid value: {value}: must be a 64-bit integer")
         blocked.append(path)
         return False
@@ -367,63 +366,6 @@ def _range(schema: dict[str, Any]) -> str:
     return f" (valid: {left}{low}, {high}{right})"
 
 
-def _to_cel(schema: dict[str, Any] | None, value: Any) -> Any:
-    """A JSON value as CEL sees it: `number` fields are doubles even when written as integers."""
-    import celpy.celtypes as ct
-
-    schema = schema or {}
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return ct.BoolType(value)
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        extra = schema.get("additionalProperties")
-        return ct.MapType(
-            {
-                ct.StringType(k): _to_cel(props.get(k, extra if isinstance(extra, dict) else None), v)
-                for k, v in value.items()
-            }
-        )
-    if isinstance(value, list):
-        return ct.ListType([_to_cel(schema.get("items"), v) for v in value])
-    if isinstance(value, str):
-        return ct.StringType(value)
-    if schema.get("type") == "number" or isinstance(value, float) or not -_INT64 <= value < _INT64:
-        return ct.DoubleType(float(value))  # (an integer beyond int64 is refused by the schema already)
-    return ct.IntType(value)
-
-
-def _cel_join(items: Any, sep: Any = "") -> Any:
-    import celpy.celtypes as ct
-
-    return ct.StringType(str(sep).join(str(i) for i in items))
-
-
-#: Kubernetes CEL library functions the rules use, beyond standard CEL.
-_K8S_FUNCTIONS: dict[str, Callable[..., Any]] = {"join": _cel_join}
-
-
-@functools.cache
-def _program(expr: str) -> Any:
-    try:
-        import celpy
-    except ModuleNotFoundError as err:  # pragma: no cover - a dependency of the package
-        raise RuntimeError("rlhf validate needs the `cel-python` package (pip install cel-python)") from err
-    env = celpy.Environment()
-    return env.program(env.compile(expr), functions=_K8S_FUNCTIONS)
-
-
-def eval_cel(expr: str, activation: dict[str, Any]) -> Any:
-    """Evaluate a CEL expression; raises celpy's error when it cannot (a missing key, a type error)."""
-    import celpy
-
-    result = _program(expr).evaluate(activation)
-    if isinstance(result, celpy.CELEvalError):
-        raise result
-    return result
-
-
 def _is_transition(rule: str) -> bool:
     return re.search(r"\boldSelf\b", rule) is not None
 
@@ -431,11 +373,11 @@ def _is_transition(rule: str) -> bool:
 def _rules(schema: dict[str, Any], value: Any, old: Any, path: str, errs: list[str]) -> None:
     for r in schema.get("x-kubernetes-validations", []):
         rule = r["rule"]
-        activation = {"self": _to_cel(schema, value)}
+        activation = {"self": to_cel(schema, value)}
         if _is_transition(rule):
             if old is _ABSENT:
                 continue
-            activation["oldSelf"] = _to_cel(schema, old)
+            activation["oldSelf"] = to_cel(schema, old)
         where = (path + r.get("fieldPath", "")).lstrip(".")
         try:
             ok = eval_cel(rule, activation)
@@ -559,15 +501,27 @@ def admit(doc: dict[str, Any], old: dict[str, Any] | None = None) -> tuple[dict[
     if old is not None:
         old_body = {k: v for k, v in old.items() if k != "status"}
         previous = apply_defaults(schema, prune_nulls(schema, old_body))
-    # As the API server: the schema first; its CEL rules only when no violation blocks them
-    # (a rule over a field of the wrong type would only fail to evaluate).
+    return obj, errs + _violations(schema, obj, previous, "")
+
+
+def admit_spec(spec: Any) -> list[str]:
+    """The violations of a job's `spec` alone, as `admit` finds them in a whole object (no
+    metadata, no update): what `parse_spec` refuses, for callers holding a spec mapping only."""
+    schema = job_schema_cached()["properties"]["spec"]
+    return _violations(schema, apply_defaults(schema, prune_nulls(schema, spec)), _ABSENT, "spec")
+
+
+def _violations(schema: dict[str, Any], obj: Any, previous: Any, path: str) -> list[str]:
+    """As the API server: the schema first; its CEL rules only when no violation blocks them
+    (a rule over a field of the wrong type would only fail to evaluate)."""
+    errs: list[str] = []
     blocking: list[str] = []
-    _walk(schema, obj, previous, "", errs, blocking, rules=False)
+    _walk(schema, obj, previous, path, errs, blocking, rules=False)
     if blocking:
         errs.append(RULES_NOT_CHECKED)
     else:
-        _walk(schema, obj, previous, "", errs, structure=False)
-    return obj, errs
+        _walk(schema, obj, previous, path, errs, structure=False)
+    return errs
 
 
 @functools.lru_cache(maxsize=1)

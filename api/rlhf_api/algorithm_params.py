@@ -21,6 +21,7 @@ which stays free-form; its class checks them when the trainer builds it.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import re
@@ -28,6 +29,8 @@ import types
 import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
+
+from rlhf_api import cel
 
 IMPORT_PATH_RE = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$"
 
@@ -147,6 +150,10 @@ def _in_bounds(value: float, meta: Mapping[str, Any]) -> bool:
     return not (high is not None and (value >= high if meta.get("exclusive_maximum") else value > high))
 
 
+#: Whether `AlgorithmParams.validate` evaluates the rules (`from_dict(..., rules=False)` turns it off).
+_CHECK_RULES: contextvars.ContextVar[bool] = contextvars.ContextVar("check_rules", default=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class AlgorithmParams:
     """Base of every algorithm's hyperparameters.
@@ -203,11 +210,40 @@ class AlgorithmParams:
     job_defaults: ClassVar[Mapping[str, str]] = {}
 
     def validate(self) -> None:
-        """Cross-field checks; raise ValueError naming the fields. Subclasses extend it."""
+        """The cross-field rules: the class's `CEL_RULES` (with its bases'), evaluated as CEL over
+        the params (camelCase names), the very expressions the CRD applies to a job's params
+        (`cel_rules`). A rule naming a param whose default is None applies once it is set. A
+        custom algorithm may add rules here or override this; built-ins declare CEL only."""
+        if not _CHECK_RULES.get():
+            return
+        hints = typing.get_type_hints(type(self))
+        values = {camel(f.name): getattr(self, f.name) for f in dataclasses.fields(self)}
+        activation = {
+            key: cel.to_cel({"type": "number"} if float in _options(hints[f.name]) else None, value)
+            for f in dataclasses.fields(self)
+            if (value := values[key := camel(f.name)]) is not None
+        }
+        for expr, message in class_rules(type(self)):
+            used = _names_in(expr, values)
+            if any(values[name] is None for name in used):
+                continue
+            if not cel.eval_cel(expr, activation):
+                got = ", ".join(f"{name} {json.dumps(values[name])}" for name in used)
+                raise ValueError(f"{message}; got {got}")
 
     @classmethod
-    def from_dict(cls: type[P], values: Mapping[str, Any] | None = None) -> P:
-        """Build from manifest params (camelCase or snake_case keys)."""
+    def from_dict(cls: type[P], values: Mapping[str, Any] | None = None, *, rules: bool = True) -> P:
+        """Build from manifest params (camelCase or snake_case keys). `rules=False`: the params
+        of an admitted job, whose CEL rules were evaluated already (by the API server or by
+        `admission`); types and bounds are still checked, the CEL interpreter is not loaded."""
+        token = _CHECK_RULES.set(rules)
+        try:
+            return cls._from_dict(values)
+        finally:
+            _CHECK_RULES.reset(token)
+
+    @classmethod
+    def _from_dict(cls: type[P], values: Mapping[str, Any] | None) -> P:
         names = [f.name for f in dataclasses.fields(cls)]
         kwargs: dict[str, Any] = {}
         for key, value in (values or {}).items():
@@ -385,25 +421,15 @@ class PolicyGradientParams(AlgorithmParams):
 
     CEL_RULES: ClassVar[list[tuple[str, str]]] = [
         (
+            "overlongBufferLength < overlongMaxLength",
+            "overlongBufferLength must be < overlongMaxLength (rollout.maxNewTokens in a job)",
+        ),
+        (
             "klController != 'adaptive' || klCoef > 0.0",
             "klController: adaptive needs klCoef > 0 (the controller scales the coefficient, which stays 0 "
             "and has no KL to adapt to); valid: klCoef > 0, or klController: fixed",
         ),
     ]
-
-    def validate(self) -> None:
-        super().validate()
-        if self.overlong_max_length is not None and self.overlong_buffer_length >= self.overlong_max_length:
-            raise ValueError(
-                f"overlong_buffer_length {self.overlong_buffer_length} must be < overlong_max_length "
-                f"{self.overlong_max_length} (rollout.maxNewTokens in a job)"
-            )
-        if self.kl_controller == "adaptive" and self.kl_coef == 0:
-            raise ValueError(
-                "klController (kl_controller) 'adaptive' needs klCoef (kl_coef) > 0: the controller scales the "
-                "coefficient, which stays 0 and has no KL to adapt to; got klCoef 0; valid: klCoef > 0, or "
-                "klController 'fixed'"
-            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -467,11 +493,6 @@ class DrGRPOParams(GRPOParams):
         ("!normByStd", "dr_grpo: normByStd must be false (Dr.GRPO removes the std normalisation)"),
     ]
 
-    def validate(self) -> None:
-        super().validate()
-        if self.norm_by_std:
-            raise ValueError("dr_grpo: norm_by_std must be false (Dr.GRPO removes the std normalisation)")
-
 
 @dataclasses.dataclass(frozen=True)
 class ReMaxParams(PolicyGradientParams):
@@ -513,21 +534,6 @@ class DynamicKLPPOParams(PPOParams):
             "dynamic_kl_ppo schedules the KL coefficient itself; klController must be 'fixed'",
         ),
     ]
-
-    def validate(self) -> None:
-        super().validate()
-        if not self.beta_min <= self.beta_max:
-            raise ValueError(
-                f"need beta_min <= beta_max, got beta_min={self.beta_min}, beta_max={self.beta_max}"
-            )
-        if not self.beta_min <= self.kl_coef <= self.beta_max:
-            raise ValueError(
-                f"kl_coef {self.kl_coef} must lie in [beta_min, beta_max] = [{self.beta_min}, {self.beta_max}]"
-            )
-        if self.kl_controller != "fixed":
-            raise ValueError(
-                f"dynamic_kl_ppo schedules the KL coefficient itself; kl_controller must be 'fixed', got {self.kl_controller!r}"
-            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -707,11 +713,26 @@ def params_schema() -> dict[str, Any]:
     }
 
 
+def _names_in(expr: str, values: Mapping[str, Any]) -> list[str]:
+    """The params (camelCase keys of `values`) that the CEL expression `expr` reads, in order."""
+    return [key for key in values if re.search(rf"(?<![\w.']){key}(?![\w'])", expr)]
+
+
 def _with_defaults(expr: str, algo: str) -> str:
-    """`expr` over bare param names, each replaced by `self.params.X` or its default when unset."""
+    """`expr` over bare param names, each replaced by `self.params.X` or its default when unset.
+    A rule reading a param whose default is None holds while that param is unset (as in
+    `AlgorithmParams.validate`): it is guarded by `has(self.params.X)`."""
     cls = BUILTIN_PARAMS[algo]
+    guards = [
+        f"!has(self.params.{camel(f.name)})"
+        for f in dataclasses.fields(cls)
+        if f.default is None and re.search(rf"(?<![\w.']){camel(f.name)}(?![\w'])", expr)
+    ]
     for f in dataclasses.fields(cls):
         key = camel(f.name)
+        if f.default is None:
+            expr = re.sub(rf"(?<![\w.']){key}(?![\w'])", f"self.params.{key}", expr)
+            continue
         default = f.default if not isinstance(f.default, str) else f"'{f.default}'"
         default = json.dumps(default) if isinstance(default, bool) else default
         if isinstance(default, float):
@@ -721,7 +742,7 @@ def _with_defaults(expr: str, algo: str) -> str:
             f"(has(self.params.{key}) ? self.params.{key} : {default})",
             expr,
         )
-    return expr
+    return " || ".join([*guards, f"({expr})"]) if guards else expr
 
 
 def class_rules(cls: type[AlgorithmParams]) -> list[tuple[str, str]]:
@@ -808,12 +829,17 @@ def cel_rules() -> list[tuple[Any, ...]]:
             )
         )
     for algo, cls in BUILTIN_PARAMS.items():
+        keys = {camel(f.name): None for f in dataclasses.fields(cls)}
         for expr, message in class_rules(cls):
+            # The message names the param the rule reads first.
+            first = min(
+                _names_in(expr, keys), key=lambda k: re.search(rf"(?<![\w.']){k}(?![\w'])", expr).start()
+            )  # type: ignore[union-attr]
             rules.append(
                 (
                     f"self.name != '{algo}' || ({_with_defaults(expr, algo)})",
                     f"{algo}: {message}",
-                    {"fieldPath": ".params"},
+                    {"fieldPath": f".params.{first}"},
                 )
             )
     rules.append(

@@ -14,11 +14,24 @@ labels, annotations and resource names are here too (it has no module of its own
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from rlhf_api import status as _status
+from rlhf_api.fields import camel
+
+
+def _status_key(section: type, name: str) -> str:
+    """The status key of field `name` of the status dataclass `section` (its camelCase name);
+    a name the schema lacks fails at import."""
+    if name not in {f.name for f in dataclasses.fields(section)}:
+        raise AttributeError(f"{section.__name__} has no field {name!r}")
+    return camel(name)
+
 
 # --------------------------------------------------------------------------------------------
 # API group, kind, labels, annotations
@@ -147,6 +160,17 @@ POD_TMP_DIR = "/tmp"
 POD_WORKSPACE_DIR = "/workspace"
 #: HOME of every pod, on the /tmp emptyDir; the caches (`POD_FILESYSTEM_ENV`) live below it.
 POD_HOME_DIR = f"{POD_TMP_DIR}/home"
+#: Names of the volumes the operator adds to every pod (the spec may name none of them).
+VOLUME_SHM = "dshm"
+VOLUME_TMP = "tmp"
+VOLUME_SPEC = "spec"
+VOLUME_WORKSPACE = "workspace"
+OPERATOR_VOLUMES = (VOLUME_SHM, VOLUME_TMP, VOLUME_SPEC, VOLUME_WORKSPACE)
+#: Where the operator's autoscaler scrapes a job's controller pod when the job names no
+#: Prometheus (`{job}` and `{namespace}` substituted): its DNS name, port and path.
+CONTROLLER_METRICS_URL = (
+    f"http://{{job}}-{CONTROLLER_ROLE}.{{job}}.{{namespace}}.svc:{METRICS_PORT}{METRICS_PATH}"
+)
 #: Key of the Ray auth token in the per-job Secret.
 RAY_TOKEN_KEY = "token"
 
@@ -183,35 +207,41 @@ def spec_config_map_name(job: str) -> str:
 # Status keys exchanged through the job's status (camelCase, as in the CRD)
 # --------------------------------------------------------------------------------------------
 
+#: The keys are the camelCase names of the status dataclasses' fields (`rlhf_api.status`, which
+#: the CRD's status schema is rendered from): the schema owns them, these constants name them.
 #: `status.progress`, written by the controller pod only.
-STATUS_PROGRESS = "progress"
-PROGRESS_STEP = "step"
-PROGRESS_TOTAL_STEPS = "totalSteps"
-PROGRESS_REWARD = "reward"
-PROGRESS_CHECKPOINT_STEP = "checkpointStep"
-PROGRESS_UPDATED = "updated"
+STATUS_PROGRESS = _status_key(_status.JobStatus, "progress")
+PROGRESS_STEP = _status_key(_status.ProgressStatus, "step")
+PROGRESS_TOTAL_STEPS = _status_key(_status.ProgressStatus, "total_steps")
+PROGRESS_REWARD = _status_key(_status.ProgressStatus, "reward")
+PROGRESS_CHECKPOINT_STEP = _status_key(_status.ProgressStatus, "checkpoint_step")
+PROGRESS_UPDATED = _status_key(_status.ProgressStatus, "updated")
 #: The last evaluation's mean reward (`spec.eval`; trainer metric `eval/reward_mean`) and the
 #: training steps done when it ran. Written only by steps that evaluate; the merge patch keeps
 #: them in between.
-PROGRESS_EVAL_REWARD = "evalReward"
-PROGRESS_EVAL_STEP = "evalStep"
+PROGRESS_EVAL_REWARD = _status_key(_status.ProgressStatus, "eval_reward")
+PROGRESS_EVAL_STEP = _status_key(_status.ProgressStatus, "eval_step")
 #: Free-form metrics of the last step: `/` in the trainer's metric names becomes `_` (label-safe).
-PROGRESS_METRICS = "metrics"
-#: The mean reward among `progress.metrics` (the printer column's fallback).
-PROGRESS_METRIC_REWARD_MEAN = "reward_mean"
+PROGRESS_METRICS = _status_key(_status.ProgressStatus, "metrics")
 
 #: `status.rollout`: the operator writes `generation`, the controller pod `syncedGeneration`.
-STATUS_ROLLOUT = "rollout"
-ROLLOUT_GENERATION = "generation"
-ROLLOUT_SYNCED_GENERATION = "syncedGeneration"
+STATUS_ROLLOUT = _status_key(_status.JobStatus, "rollout")
+ROLLOUT_GENERATION = _status_key(_status.RolloutStatus, "generation")
+ROLLOUT_SYNCED_GENERATION = _status_key(_status.RolloutStatus, "synced_generation")
 #: `status.rollout.desired`: the replica count the operator's `generation` stands for (written
 #: with it; the controller pod follows this, not `spec.roles.rollout.replicas`, which may be ahead).
-ROLLOUT_DESIRED = "desired"
+ROLLOUT_DESIRED = _status_key(_status.RolloutStatus, "desired")
+ROLLOUT_READY = _status_key(_status.RolloutStatus, "ready")
+ROLLOUT_SELECTOR = _status_key(_status.RolloutStatus, "selector")
 
 
 def progress_metric_key(metric: str) -> str:
     """The key of trainer metric `metric` (`reward/mean`) under `status.progress.metrics`."""
     return metric.replace("/", "_")
+
+
+#: The mean reward among `progress.metrics` (the printer column's fallback).
+PROGRESS_METRIC_REWARD_MEAN = progress_metric_key("reward/mean")
 
 
 # --------------------------------------------------------------------------------------------

@@ -62,8 +62,9 @@ class SpecError(ValueError):
 
 def _f(default: Any = dataclasses.MISSING, doc: str = "", **meta: Any) -> Any:
     """A documented field. `meta` keys: enum, minimum, maximum, exclusive_minimum, pattern (with
-    `valid`: the words an error shows instead of the regex), check (`check(value, path) -> errors`,
-    run when the value is well-typed), cel (the field's own CEL rules, `(rule, messageExpression)`),
+    `valid`: the words an error shows instead of the regex), cel (the field's own CEL rules,
+    `(rule, messageExpression)`: every rule of a field is CEL, evaluated by the API server and by
+    the loader alike),
     max_length, value_max_length (of a map's values), immutable (CEL `self == oldSelf` once the job
     exists), cluster_only, free_form (no schema)."""
     meta["doc"] = doc

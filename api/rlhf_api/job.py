@@ -7,7 +7,6 @@ Importable without torch, Ray or a Kubernetes client.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -18,7 +17,7 @@ from rlhf_api.contract import (
 )
 
 #: Algorithms shipped with the library (`rlhf_trainer.algorithms`). A custom one is given by
-from rlhf_api.fields import BUILTIN_ALGORITHMS, IMPORT_PATH_RE, MAX_PODS_PER_JOB, _f, cel_int, cel_names
+from rlhf_api.fields import IMPORT_PATH_RE, MAX_PODS_PER_JOB, _f, cel_int, cel_names
 from rlhf_api.pods import ImagePullSecretSpec, PodSettingsSpec, VolumeSpec
 from rlhf_api.roles import (
     _JOB_PODS_CEL,
@@ -109,8 +108,8 @@ class JobSpec:
         cluster_only=True,
     )
 
-    # The CRD's counterparts of `validate` (the API server enforces them; `rlhf validate` evaluates
-    # the same rules, see `admission`). `fieldPath` makes the message name the field.
+    # The job's cross-field rules, once: the API server enforces them, `rlhf validate` and the
+    # loader evaluate the same expressions (`admission`). `fieldPath` makes the message name the field.
     CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [
         (
             "self.roles.actor.replicas >= 1",
@@ -214,9 +213,9 @@ class JobSpec:
             {"fieldPath": ".algorithm.rolloutCorrection.enabled"},
         ),
         (
-            "!has(self.algorithm.params.overlongBufferLength) || self.algorithm.params.overlongBufferLength < "
-            "(has(self.algorithm.params.overlongMaxLength) ? self.algorithm.params.overlongMaxLength : "
-            "self.rollout.maxNewTokens)",
+            # (with overlongMaxLength set, the algorithm's own rule compares the two)
+            "!has(self.algorithm.params.overlongBufferLength) || has(self.algorithm.params.overlongMaxLength)"
+            " || self.algorithm.params.overlongBufferLength < self.rollout.maxNewTokens",
             "spec.algorithm.params.overlongBufferLength must be < the longest response (overlongMaxLength, "
             "else spec.rollout.maxNewTokens)",
             {
@@ -287,75 +286,6 @@ class JobSpec:
         ),
     ]
 
-    def validate(self) -> list[str]:
-        """Cross-field checks the schema cannot express per field; returns error lines."""
-        errs: list[str] = []
-        algo = self.algorithm.name
-        if algo not in BUILTIN_ALGORITHMS and not re.match(IMPORT_PATH_RE, algo):
-            errs.append(
-                f"spec.algorithm.name: unknown algorithm {algo!r}; valid: {', '.join(BUILTIN_ALGORITHMS)} "
-                "or an import path package.module:Class"
-            )
-        ro = self.roles.rollout
-        if ro.min_replicas > ro.max_replicas:
-            errs.append(
-                f"spec.roles.rollout.minReplicas: {ro.min_replicas} must be <= maxReplicas ({ro.max_replicas})"
-            )
-        elif not ro.min_replicas <= ro.replicas <= ro.max_replicas:
-            errs.append(
-                f"spec.roles.rollout.replicas: {ro.replicas} must lie in [minReplicas={ro.min_replicas}, maxReplicas={ro.max_replicas}]"
-            )
-        if not self.reward.functions and self.reward.model is None:
-            errs.append("spec.reward: needs at least one entry in `functions` or a `model`")
-        if self.roles.actor.replicas < 1:
-            errs.append("spec.roles.actor.replicas: must be >= 1 (the actor trains the policy)")
-        pools = {p.name for p in self.node_pools}
-        if len(pools) != len(self.node_pools):
-            errs.append("spec.nodePools: names must be unique")
-        for role in (CONTROLLER_ROLE, *ROLES):
-            pool = (
-                self.controller.node_pool if role == CONTROLLER_ROLE else getattr(self.roles, role).node_pool
-            )
-            if pool is not None and pool not in pools:
-                valid = ", ".join(sorted(pools)) or "none defined"
-                errs.append(
-                    f"{self.settings_path(role).rsplit('.', 1)[0]}.nodePool: {pool!r} is not a name in "
-                    f"spec.nodePools (defined: {valid})"
-                )
-            errs.extend(self._pod_volume_conflicts(role))
-        t = self.training
-        batch = t.prompts_per_step * self.rollout.samples_per_prompt
-        mini = t.mini_batch_size or batch
-        if mini > batch or batch % mini:
-            errs.append(
-                f"spec.training.miniBatchSize: {t.mini_batch_size} must divide the batch of {batch} responses "
-                f"(promptsPerStep {t.prompts_per_step} × samplesPerPrompt {self.rollout.samples_per_prompt})"
-            )
-        if (
-            self.rollout.engine == "vllm"
-            and self.roles.rollout.resources.gpus < 1
-            and self.roles.placement == "disaggregated"
-        ):
-            errs.append(
-                "spec.rollout.engine: vllm needs GPUs; set spec.roles.rollout.resources.gpus >= 1 or use engine `hf`"
-            )
-        if self.rollout.max_staleness > 0 and self.roles.placement != "disaggregated":
-            errs.append(
-                f"spec.rollout.maxStaleness: {self.rollout.max_staleness} needs spec.roles.placement: "
-                "disaggregated (colocated rollouts share the actor's workers and cannot overlap training); "
-                "valid with colocated: 0"
-            )
-        if self.rollout.max_staleness > 0 and (self.rollout.top_p != 1.0 or self.rollout.top_k != 0):
-            errs.append(
-                f"spec.rollout.maxStaleness: {self.rollout.max_staleness} needs spec.rollout.topP: 1 and "
-                f"topK: 0 (got topP {self.rollout.top_p}, topK {self.rollout.top_k}): the importance weight "
-                "compares the trainer's log-probs with the engine's, which top-p/top-k renormalise; "
-                "valid with topP < 1 or topK > 0: maxStaleness 0"
-            )
-        if self.failure_policy.max_backoff_seconds < self.failure_policy.backoff_seconds:
-            errs.append("spec.failurePolicy.maxBackoffSeconds: must be >= backoffSeconds")
-        return errs
-
     # -- pods (the operator builds them from these; `cluster_storage_findings` checks them) --------
 
     def settings_path(self, role: str) -> str:
@@ -370,24 +300,6 @@ class JobSpec:
     def pod_volumes(self, role: str) -> list[VolumeSpec]:
         """The volumes the spec mounts into `role`'s pods."""
         return [v for _, settings in self.pod_settings(role) for v in settings.volumes]
-
-    def _pod_volume_conflicts(self, role: str) -> list[str]:
-        """A role's volume whose name or mount path `spec.pod` already uses (within one list, the
-        list's own check reports it)."""
-        (_, common), (where, own) = self.pod_settings(role)
-        errs: list[str] = []
-        for i, v in enumerate(own.volumes):
-            for j, w in enumerate(common.volumes):
-                if v.name == w.name:
-                    errs.append(
-                        f"{where}.volumes[{i}].name: {v.name!r} is already the name of spec.pod.volumes[{j}]"
-                    )
-                if v.mount_path == w.mount_path:
-                    errs.append(
-                        f"{where}.volumes[{i}].mountPath: {v.mount_path!r} is already the mount path of "
-                        f"spec.pod.volumes[{j}]"
-                    )
-        return errs
 
 
 def unused_roles(spec: JobSpec) -> dict[str, str]:
@@ -406,8 +318,9 @@ def unused_roles(spec: JobSpec) -> dict[str, str]:
     params = None
     if params_cls is not None and spec.pipeline is None:
         try:
-            params = params_cls.from_dict(spec.algorithm.params)
-        except ValueError:  # reported by the spec's own checks
+            # (the params' rules are the job's CEL, evaluated by admission or the API server)
+            params = params_cls.from_dict(spec.algorithm.params, rules=False)
+        except ValueError:  # reported by the schema
             params = None
     if params is not None:
         if not params.USES_CRITIC:

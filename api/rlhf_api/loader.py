@@ -24,7 +24,6 @@ from rlhf_api.contract import (
     KIND,
 )
 from rlhf_api.fields import (
-    DNS_LABEL_RE,
     MAX_FREE_FORM_DEPTH,
     MAX_FREE_FORM_PROPERTIES,
     PATTERN_HINTS,
@@ -144,36 +143,48 @@ def _build(cls: Any, data: dict[str, Any], path: str, errs: list[str]) -> Any:
     for key, f in fields.items():
         sub = f"{path}.{key}"
         if key in data:
-            n = len(errs)
             if f.metadata.get("free_form") and (deep := free_form_errors(data[key], sub)):
                 errs.extend(deep)  # before anything walks it: it may be nested too deep to walk
                 continue
             kwargs[f.name] = _convert(hints[f.name], data[key], sub, errs, dict(f.metadata))
-            if "check" in f.metadata and len(errs) == n:
-                errs.extend(f.metadata["check"](kwargs[f.name], sub))
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             errs.append(f"{sub}: required field is missing ({f.metadata.get('doc', '')})")
     try:
         obj = cls(**kwargs)
     except TypeError:
         return None  # missing required fields, already reported
-    # A section's own cross-field rules (`check(path)`), once its fields are individually valid.
+    # A section's own check of what CEL cannot see (`AlgorithmSpec.check`: free-form customParams),
+    # once its fields are individually valid. Every other rule is CEL (`admission`).
     if len(errs) == before and hasattr(obj, "check"):
         errs.extend(obj.check(path))
     return obj
 
 
-def parse_spec(spec: dict[str, Any], path: str = "spec") -> JobSpec:
-    """Build and validate a JobSpec from the `spec` mapping of a manifest. Raises SpecError."""
-    errs: list[str] = []
+def _typed_spec(spec: Any, path: str, errs: list[str]) -> JobSpec | None:
+    """The typed JobSpec of a `spec` mapping (conversion only), its problems added to `errs`."""
     if not isinstance(spec, dict):
-        raise SpecError([f"{path}: expected a mapping, got {spec!r}"])
-    job = _build(JobSpec, spec, path, errs)
-    if job is not None and not errs:
-        errs.extend(job.validate())
-    if errs:
+        errs.append(f"{path}: expected a mapping, got {spec!r}")
+        return None
+    return typing.cast("JobSpec | None", _build(JobSpec, spec, path, errs))
+
+
+def _merge(errs: list[str], server: list[str]) -> list[str]:
+    """`errs` then the rule violations of `server` on fields `errs` does not already name (the
+    loader's conversion and the schema's own pass both refuse a wrongly typed field)."""
+    named = {e.split(":", 1)[0].strip() for e in errs}
+    return errs + [e for e in server if e.split(":", 1)[0].strip() not in named]
+
+
+def parse_spec(spec: dict[str, Any]) -> JobSpec:
+    """A JobSpec from the `spec` mapping of a manifest: converted into typed sections, and held
+    to the CRD's schema and CEL rules (`admission.admit_spec`, the same expressions the API
+    server evaluates). Raises SpecError with every problem found."""
+    errs: list[str] = []
+    job = _typed_spec(spec, "spec", errs)
+    errs = _merge(errs, admission.admit_spec(spec) if isinstance(spec, dict) else [])
+    if errs or job is None:
         raise SpecError(errs)
-    return typing.cast(JobSpec, job)
+    return job
 
 
 #: Deepest nesting of a whole job document: the structured spec needs about 12 levels, a free-form
@@ -192,16 +203,16 @@ def parse_job(
 ) -> RLTrainingJob:
     """Validate a whole RLTrainingJob object (as read from YAML or the API server).
 
-    First the CRD's own schema and CEL rules, as the API server applies them (`admission`; `old`:
-    the stored object, for an update), then the typed spec is built from the defaulted object,
-    with the finer checks of this module.
+    The typed spec is converted from the object, and the CRD's own schema and CEL rules are
+    evaluated as the API server applies them (`admission`; `old`: the stored object, for an
+    update). Every rule is CEL, written once beside its fields; the loader only converts types.
 
     `admitted`: `doc` was read from an API server that has already enforced exactly these schema
     and CEL rules (the operator decides that from the installed CRD's schema digest, see
     `rlhf_operator.crd`); their evaluation here (most of the cost, and the CEL interpreter's
-    memory) is skipped, the typed loader's own checks still run. Everything that reads a manifest
+    memory) is skipped; the conversion still runs. Everything that reads a manifest
     without an API server (`rlhf validate`, `rlhf run`) leaves it False."""
-    errs = []
+    errs: list[str] = []
     if not isinstance(doc, dict):
         raise SpecError([f"manifest: expected a mapping, got {type(doc).__name__}"])
     if deep := _too_deep(doc):  # before any recursive walk (defaulting, CEL) meets it
@@ -214,29 +225,17 @@ def parse_job(
         errs.append(f"kind: {doc.get('kind')!r} is not valid; expected {KIND!r}")
     raw_meta = doc.get("metadata")
     meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
-    name = meta.get("name")
-    if not isinstance(name, str) or not re.match(DNS_LABEL_RE, name) or len(name) > 50:
-        errs.append(
-            f"metadata.name: {name!r} must be a DNS label of at most 50 characters (lowercase letters, digits, '-')"
-        )
     for key in doc:
         if key not in ("apiVersion", "kind", "metadata", "spec", "status"):
             errs.append(f"{key}: unknown top-level field; valid: apiVersion, kind, metadata, spec")
-    spec: JobSpec | None = None
-    try:
-        spec = parse_spec(doc.get("spec"))  # type: ignore[arg-type]
-    except SpecError as err:
-        errs.extend(err.errors)
-    # The CRD's own schema and rules, evaluated as the API server does: whatever it refuses is
-    # refused here too, even where the checks above have nothing to say. All at once: a field the
-    # checks above already named is not named twice.
-    server = [] if admitted else admission.admit(doc, old)[1]
-    named = {e.split(":", 1)[0].strip() for e in errs}
-    errs.extend(e for e in server if e.split(":", 1)[0].strip() not in named)
+    spec = _typed_spec(doc.get("spec"), "spec", errs)
+    # The CRD's own schema and rules (the job's name among them), evaluated as the API server
+    # does, unless it already has.
+    errs = _merge(errs, [] if admitted else admission.admit(doc, old)[1])
     if errs or spec is None:
         raise SpecError(errs)
     return RLTrainingJob(
-        metadata_name=str(name), namespace=meta.get("namespace") or "default", spec=spec, raw=doc
+        metadata_name=str(meta.get("name")), namespace=meta.get("namespace") or "default", spec=spec, raw=doc
     )
 
 

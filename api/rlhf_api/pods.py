@@ -7,7 +7,6 @@ Importable without torch, Ray or a Kubernetes client.
 
 from __future__ import annotations
 
-import posixpath
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -17,6 +16,7 @@ from rlhf_api.contract import (
     KUEUE_POD_GROUP_TOTAL_COUNT,
     KUEUE_QUEUE_NAME,
     OPERATOR_ENV_NAMES,
+    OPERATOR_VOLUMES,
     POD_SHM_DIR,
     POD_SPEC_DIR,
     POD_TMP_DIR,
@@ -56,7 +56,6 @@ _LABEL_VALUE_RE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 _METADATA_KEY_RE = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"
 
 #: Names of the volumes the operator adds itself.
-OPERATOR_VOLUMES = ("dshm", "tmp", "spec", "workspace")
 #: Label and annotation keys the operator sets (besides every key in the `rlhf.dev/` namespace).
 OPERATOR_METADATA_KEYS = (
     "app.kubernetes.io/managed-by",
@@ -69,50 +68,7 @@ OPERATOR_METADATA_KEYS = (
 )
 
 
-def _is_relative_path(value: str) -> bool:
-    parts = value.split("/")
-    return bool(value) and not value.startswith("/") and ".." not in parts
-
-
-def _exactly_one(obj: Any, path: str, names: tuple[str, ...]) -> list[str]:
-    given = [camel(n) for n in names if getattr(obj, n) is not None]
-    if len(given) == 1:
-        return []
-    valid = ", ".join(camel(n) for n in names)
-    got = ", ".join(given) if given else "none"
-    return [f"{path}: set exactly one of {valid} (got {got})"]
-
-
-def _check_relative_path(value: str, path: str) -> list[str]:
-    if _is_relative_path(value):
-        return []
-    return [f"{path}: {value!r} is not valid; valid: a relative path without '..'"]
-
-
-def _check_mount_path(value: str, path: str) -> list[str]:
-    if not value.startswith("/") or posixpath.normpath(value) != value:
-        return [f"{path}: {value!r} is not valid; valid: a normalized absolute path such as /data"]
-    if value == "/" or any(value == r or value.startswith(r + "/") for r in (POD_SHM_DIR, POD_SPEC_DIR)):
-        return [f"{path}: {value!r} is not valid; the operator owns /, {POD_SHM_DIR} and {POD_SPEC_DIR}"]
-    return []
-
-
-def _check_volume_name(value: str, path: str) -> list[str]:
-    if value in OPERATOR_VOLUMES:
-        return [f"{path}: {value!r} is a volume the operator adds itself; valid: any other DNS label"]
-    return []
-
-
-def _check_env_name(value: str, path: str) -> list[str]:
-    if value in OPERATOR_ENV_NAMES:
-        return [
-            f"{path}: {value!r} is set by the operator (the pod contract); valid: any other name "
-            "(the operator's defaults HOME, XDG_CACHE_HOME, HF_HOME, MPLCONFIGDIR, ... may be overridden)"
-        ]
-    return []
-
-
-#: CEL counterparts of the checks above (the API server evaluates them; so does `rlhf validate`).
+#: Field rules (the API server evaluates them; so do `rlhf validate` and the loader, `admission`).
 _RELATIVE_PATH_CEL = [
     (
         "size(self) > 0 && !self.startsWith('/') && !self.matches('(^|/)[.][.](/|$)')",
@@ -205,7 +161,6 @@ class KeyToPathSpec:
     key: str = _f(doc="Key in the ConfigMap or Secret.", pattern=CONFIG_KEY_RE, valid=CONFIG_KEY)
     path: str = _f(
         doc="File path relative to the mount path (no `..`).",
-        check=_check_relative_path,
         cel=_RELATIVE_PATH_CEL,
         max_length=256,
     )
@@ -298,14 +253,12 @@ class VolumeSpec:
         + ", ".join(OPERATOR_VOLUMES)
         + ").",
         pattern=DNS_LABEL_RE,
-        check=_check_volume_name,
         cel=_VOLUME_NAME_CEL,
     )
     mount_path: str = _f(
         doc=f"Absolute path in the container. A volume mounted exactly at {POD_WORKSPACE_DIR} (the working "
         f"directory) or {POD_TMP_DIR} replaces the per-pod emptyDir the operator puts there; not /, "
         f"{POD_SHM_DIR} or {POD_SPEC_DIR} (nor below them).",
-        check=_check_mount_path,
         cel=_MOUNT_PATH_CEL,
         # Short enough that the API server's cost estimate of the rules comparing paths stays low.
         max_length=256,
@@ -313,7 +266,6 @@ class VolumeSpec:
     sub_path: str | None = _f(
         None,
         doc="Mount this relative path of the volume instead of its root.",
-        check=_check_relative_path,
         cel=_RELATIVE_PATH_CEL,
         max_length=256,
     )
@@ -329,9 +281,6 @@ class VolumeSpec:
     secret: SecretSourceSpec | None = _f(None, doc="A Secret's keys as files (credentials).")
 
     CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [_one_of_rule(_VOLUME_SOURCES, "a volume")]
-
-    def check(self, path: str) -> list[str]:
-        return _exactly_one(self, path, _VOLUME_SOURCES)
 
     @property
     def source_kind(self) -> str:
@@ -394,9 +343,6 @@ class EnvVarSourceSpec:
 
     CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [_one_of_rule(_ENV_SOURCES, "valueFrom")]
 
-    def check(self, path: str) -> list[str]:
-        return _exactly_one(self, path, _ENV_SOURCES)
-
 
 @dataclass
 class EnvVarSpec:
@@ -408,7 +354,6 @@ class EnvVarSpec:
         + ").",
         pattern=ENV_NAME_RE,
         valid="letters, digits, '_', '-' and '.', not starting with a digit",
-        check=_check_env_name,
         cel=_ENV_NAME_CEL,
         max_length=256,
     )
@@ -418,9 +363,6 @@ class EnvVarSpec:
     value_from: EnvVarSourceSpec | None = _f(None, doc="Take the value from a Secret, ConfigMap or the pod.")
 
     CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [_one_of_rule(("value", "value_from"), "an env var")]
-
-    def check(self, path: str) -> list[str]:
-        return _exactly_one(self, path, ("value", "value_from"))
 
 
 @dataclass
@@ -475,33 +417,6 @@ class PodSettingsSpec:
             for key in ("name", "mountPath")
         ],
     ]
-
-    def check(self, path: str) -> list[str]:
-        errs: list[str] = []
-        seen: set[str] = set()
-        for i, env in enumerate(self.env):
-            if env.name in seen:
-                errs.append(f"{path}.env[{i}].name: {env.name!r} is defined twice")
-            seen.add(env.name)
-        errs.extend(_volume_conflicts(self.volumes, f"{path}.volumes"))
-        return errs
-
-
-def _volume_conflicts(volumes: list[VolumeSpec], where: str) -> list[str]:
-    """Two volumes of one pod with the same name or mount path."""
-    errs: list[str] = []
-    names: dict[str, int] = {}
-    paths: dict[str, int] = {}
-    for i, v in enumerate(volumes):
-        if v.name in names:
-            errs.append(f"{where}[{i}].name: {v.name!r} is already the name of {where}[{names[v.name]}]")
-        if v.mount_path in paths:
-            errs.append(
-                f"{where}[{i}].mountPath: {v.mount_path!r} is already the mount path of {where}[{paths[v.mount_path]}]"
-            )
-        names.setdefault(v.name, i)
-        paths.setdefault(v.mount_path, i)
-    return errs
 
 
 @dataclass

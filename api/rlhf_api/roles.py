@@ -232,11 +232,6 @@ _PLACED_PODS = (
 )
 
 
-def _check_exit_codes(codes: list[int], path: str) -> list[str]:
-    bad = [c for c in codes if not 1 <= c <= 255]
-    return [f"{path}: {bad!r} out of range; exit codes are 1 to 255"] if bad else []
-
-
 @dataclass
 class FailurePolicyRuleSpec:
     """A failure-policy rule: what a failure of the training gang whose reason is in `onReasons`
@@ -259,13 +254,13 @@ class FailurePolicyRuleSpec:
     exit_codes: list[int] = _f(
         [],
         doc="With ContainerExitCode in onReasons: only these exit codes (1-255) match; empty: any.",
-        check=_check_exit_codes,
     )
 
     CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [
         (
             "size(self.exitCodes) == 0 || 'ContainerExitCode' in self.onReasons",
             "failurePolicy.rules[].exitCodes needs ContainerExitCode in onReasons",
+            {"fieldPath": ".exitCodes"},
         ),
         (
             "self.exitCodes.all(c, c >= 1 && c <= 255)",
@@ -277,11 +272,6 @@ class FailurePolicyRuleSpec:
             },
         ),
     ]
-
-    def check(self, path: str) -> list[str]:
-        if self.exit_codes and "ContainerExitCode" not in self.on_reasons:
-            return [f"{path}.exitCodes: needs ContainerExitCode in {path}.onReasons (it filters that reason)"]
-        return []
 
 
 @dataclass

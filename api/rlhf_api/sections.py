@@ -273,9 +273,10 @@ class AlgorithmSpec:
     ]
 
     def check(self, path: str) -> list[str]:
-        return algorithm_params.check_params(
-            self.name, self.params, f"{path}.params"
-        ) + algorithm_params.check_custom_params(self.name, self.params, self.custom_params, path)
+        """A custom algorithm's `customParams`, which CEL cannot see (a free-form object): keys
+        that can be params, each given once. (A built-in's params are typed in the schema and
+        their rules are CEL, `algorithm_params.cel_rules`.)"""
+        return algorithm_params.check_custom_params(self.name, self.params, self.custom_params, path)
 
     @property
     def all_params(self) -> dict[str, Any]:
@@ -433,13 +434,6 @@ class EvalSpec:
             {"fieldPath": ".samples"},
         )
     ]
-
-    def check(self, path: str) -> list[str]:
-        if not self.greedy and self.samples < 1:
-            return [
-                f"{path}.samples: 0 with greedy: false evaluates nothing; valid: greedy: true, or samples >= 1"
-            ]
-        return []
 
 
 @dataclass

@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlhf_api import contract
 from rlhf_api.autoscale import (
     Decision,
     MetricSource,
@@ -57,7 +58,7 @@ from rlhf_operator.status import get_condition, parse_time, set_condition
 
 #: Where the controller pod serves `/metrics` when no Prometheus is configured; `{job}` and
 #: `{namespace}` are substituted. `rlhf operator --controller-metrics-url` overrides it.
-DEFAULT_CONTROLLER_METRICS_URL = "http://{job}-controller.{job}.{namespace}.svc:8080/metrics"
+DEFAULT_CONTROLLER_METRICS_URL = contract.CONTROLLER_METRICS_URL
 #: The most recommendations kept in status (the CRD's maxItems).
 MAX_RECOMMENDATIONS = 64
 #: Seconds a metric read may take before the evaluation counts as "no data".

@@ -417,9 +417,9 @@ def build_pod(
         "env": _env(job, role, index, attempt),
         "resources": {"requests": requests, "limits": limits},
         "volumeMounts": [
-            {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "spec", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": contract.VOLUME_SHM, "mountPath": contract.POD_SHM_DIR},
+            {"name": contract.VOLUME_TMP, "mountPath": contract.POD_TMP_DIR},
+            {"name": contract.VOLUME_SPEC, "mountPath": CONFIG_DIR, "readOnly": True},
         ],
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -460,9 +460,9 @@ def build_pod(
         },
         "containers": [container],
         "volumes": [
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
-            {"name": "tmp", "emptyDir": {}},
-            {"name": "spec", "configMap": {"name": config_name(job)}},
+            {"name": contract.VOLUME_SHM, "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+            {"name": contract.VOLUME_TMP, "emptyDir": {}},
+            {"name": contract.VOLUME_SPEC, "configMap": {"name": config_name(job)}},
         ],
     }
     if pool and pool.node_selector:

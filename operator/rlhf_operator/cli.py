@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rlhf_api import contract
+
 
 def _cmd_crd(args: argparse.Namespace) -> int:
     from rlhf_operator import chart_copies, crd
@@ -120,8 +122,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument(
         "--controller-metrics-url",
         metavar="TEMPLATE",
-        default=os.environ.get("RLHF_OPERATOR_CONTROLLER_METRICS_URL")
-        or "http://{job}-controller.{job}.{namespace}.svc:8080/metrics",
+        default=os.environ.get("RLHF_OPERATOR_CONTROLLER_METRICS_URL") or contract.CONTROLLER_METRICS_URL,
         help="where the autoscaler scrapes a job's controller when the job names no Prometheus; "
         "{job} and {namespace} are substituted (env RLHF_OPERATOR_CONTROLLER_METRICS_URL)",
     )

@@ -406,7 +406,7 @@ class Executor:
         if not autoscaler.enabled(job, status.get("phase")):
             return body, None, False, None
         auto = dict(status.get("autoscaling") or {})
-        rollout = status.get("rollout") or {}
+        rollout = status.get(contract.STATUS_ROLLOUT) or {}
         resharded = autoscaler.observe_reshard(auto, rollout, now)
         period = float(job.spec.autoscaling.period_seconds)
         wait = autoscaler.due_in(auto, period, now)

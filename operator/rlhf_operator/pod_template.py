@@ -28,9 +28,9 @@ from rlhf_api.job import JobSpec, RLTrainingJob
 from rlhf_api.pods import ConfigMapSourceSpec, EnvVarSpec, KeyToPathSpec, SecretSourceSpec, VolumeSpec
 
 #: The per-pod emptyDir at the working directory when the spec mounts no volume there.
-WORKSPACE_VOLUME = "workspace"
+WORKSPACE_VOLUME = contract.VOLUME_WORKSPACE
 #: The operator's emptyDir at /tmp (built by `children.build_pod`).
-TMP_VOLUME = "tmp"
+TMP_VOLUME = contract.VOLUME_TMP
 EPHEMERAL_STORAGE = "ephemeral-storage"
 
 

@@ -77,7 +77,12 @@ OPERATOR_KEYS = (
     "rollout",
     "summary",
 )
-ROLLOUT_KEYS = ("desired", "ready", "selector", "generation")
+ROLLOUT_KEYS = (
+    contract.ROLLOUT_DESIRED,
+    contract.ROLLOUT_READY,
+    contract.ROLLOUT_SELECTOR,
+    contract.ROLLOUT_GENERATION,
+)
 #: The most gang restarts a status may claim (a larger `status.restarts` is clamped to this).
 MAX_RESTARTS = 1_000_000
 #: The largest rollout generation read from a status (a larger one is clamped to this).
@@ -125,7 +130,7 @@ def operator_status(status: dict[str, Any]) -> dict[str, Any]:
     (null values removed): compare an old status with a plan's through this."""
     out = {k: status[k] for k in OPERATOR_KEYS if k in status and k != "rollout"}
     if "rollout" in status:
-        out["rollout"] = {k: v for k, v in (status.get("rollout") or {}).items() if k in ROLLOUT_KEYS}
+        out[contract.STATUS_ROLLOUT] = {k: v for k, v in (status.get(contract.STATUS_ROLLOUT) or {}).items() if k in ROLLOUT_KEYS}
     return _without_nulls(out)
 
 
@@ -326,10 +331,10 @@ class Pass:
             "rollout",
             {k: prev_rollout[k] for k in ROLLOUT_KEYS if k in prev_rollout}
             or {
-                "desired": 0,
-                "ready": 0,
-                "selector": children.selector(self.name, "rollout"),
-                "generation": 0,
+                contract.ROLLOUT_DESIRED: 0,
+                contract.ROLLOUT_READY: 0,
+                contract.ROLLOUT_SELECTOR: children.selector(self.name, "rollout"),
+                contract.ROLLOUT_GENERATION: 0,
             },
         )
         total = self.out.job.spec.training.steps if self.out.job else 0
@@ -557,10 +562,10 @@ def _restart(p: Pass, decision: failure_policy.Decision, detail: str) -> None:
     p.transition("Restarting", "GangRestart", message, warning=True)
     p.out.delete.extend(x for x in p.current if not _deleting(x))  # now stale: a new attempt begins
     st["rollout"] = {
-        "desired": p.rollout_desired,
-        "ready": 0,
-        "selector": children.selector(p.name, "rollout"),
-        "generation": _generation(p.old, contract.ROLLOUT_GENERATION) + 1,
+        contract.ROLLOUT_DESIRED: p.rollout_desired,
+        contract.ROLLOUT_READY: 0,
+        contract.ROLLOUT_SELECTOR: children.selector(p.name, "rollout"),
+        contract.ROLLOUT_GENERATION: _generation(p.old, contract.ROLLOUT_GENERATION) + 1,
     }
     p.out.requeue(delay)
 
@@ -629,7 +634,7 @@ def restart_backoff(p: Pass) -> bool:
 
 def _generation(status: dict[str, Any], key: str) -> int:
     """`status.rollout.<key>` as a bounded integer (0 when absent or not a number)."""
-    prev = status.get("rollout")
+    prev = status.get(contract.STATUS_ROLLOUT)
     return tenant_limits.clamp_int(prev.get(key) if isinstance(prev, dict) else None, 0, MAX_GENERATION)
 
 
@@ -641,8 +646,8 @@ def rollout_fleet(p: Pass) -> bool:
     rplan = rollout.plan_rollout(
         [x for x in p.current if _labels(x).get(contract.ROLE) == "rollout"],
         desired=p.rollout_desired,
-        previous_desired=tenant_limits.clamp_int(prev.get("desired"), 0, MAX_REPLICAS)
-        if "generation" in prev
+        previous_desired=tenant_limits.clamp_int(prev.get(contract.ROLLOUT_DESIRED), 0, MAX_REPLICAS)
+        if contract.ROLLOUT_GENERATION in prev
         else None,
         generation=_generation(p.old, contract.ROLLOUT_GENERATION),
         # Written by the controller pod (the pod contract's status key), read here: clamped.
@@ -658,10 +663,10 @@ def rollout_fleet(p: Pass) -> bool:
             Event("Normal", "RolloutMembershipChanged", f"{msg} (generation {rplan.generation})")
         )
     p.st["rollout"] = {
-        "desired": p.rollout_desired,
-        "ready": rplan.ready,
-        "selector": children.selector(p.name, "rollout"),
-        "generation": rplan.generation,
+        contract.ROLLOUT_DESIRED: p.rollout_desired,
+        contract.ROLLOUT_READY: rplan.ready,
+        contract.ROLLOUT_SELECTOR: children.selector(p.name, "rollout"),
+        contract.ROLLOUT_GENERATION: rplan.generation,
     }
     p.leaving = set(rplan.draining) | {x["metadata"]["name"] for x in rplan.delete}
     for i in rplan.create:

@@ -10,6 +10,7 @@ import datetime as dt
 import math
 from typing import Any
 
+from rlhf_api import contract
 from rlhf_api.status import CONDITION_TYPES
 from rlhf_operator.tenant_limits import clamp_int, clip
 
@@ -80,17 +81,19 @@ def _mapping(value: Any) -> dict[str, Any]:
 def summary(status: dict[str, Any], total_steps: int) -> dict[str, Any]:
     """Printer-column values from a status: `12/20` steps, `2/3` ready/desired rollout replicas and
     the last mean reward (a number, whichever way the controller pod reported it)."""
-    progress = _mapping(status.get("progress"))
-    rollout = _mapping(status.get("rollout"))
+    c = contract
+    progress = _mapping(status.get(c.STATUS_PROGRESS))
+    rollout = _mapping(status.get(c.STATUS_ROLLOUT))
     # The controller pod writes progress: each number clamped, whatever its type.
-    total = clamp_int(progress.get("totalSteps"), 0, MAX_COUNT) or total_steps
-    out: dict[str, Any] = {
-        "step": f"{clamp_int(progress.get('step'), 0, MAX_COUNT)}/{total}",
-        "rollout": f"{clamp_int(rollout.get('ready'), 0, MAX_COUNT)}/{clamp_int(rollout.get('desired'), 0, MAX_COUNT)}",
-    }
-    reward = progress.get("reward")
+    total = clamp_int(progress.get(c.PROGRESS_TOTAL_STEPS), 0, MAX_COUNT) or total_steps
+    step = clamp_int(progress.get(c.PROGRESS_STEP), 0, MAX_COUNT)
+    ready = clamp_int(rollout.get(c.ROLLOUT_READY), 0, MAX_COUNT)
+    desired = clamp_int(rollout.get(c.ROLLOUT_DESIRED), 0, MAX_COUNT)
+    # (the keys of `SummaryStatus`, the operator's own)
+    out: dict[str, Any] = {"step": f"{step}/{total}", "rollout": f"{ready}/{desired}"}
+    reward = progress.get(c.PROGRESS_REWARD)
     if reward is None:  # the controller may report it among its metrics, as a string
-        reward = _mapping(progress.get("metrics")).get("reward_mean")
+        reward = _mapping(progress.get(c.PROGRESS_METRICS)).get(c.PROGRESS_METRIC_REWARD_MEAN)
     try:
         value = None if reward is None or isinstance(reward, bool) else float(reward)
     except (TypeError, ValueError, OverflowError):

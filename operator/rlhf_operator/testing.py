@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
+from rlhf_api import contract
 from rlhf_operator import images
 
 #: The default trainer image of an operator the tests start (never pulled: kwok runs no pods).
@@ -52,7 +53,7 @@ class OperatorProcess:
     def start(self, timeout: float = 60) -> OperatorProcess:
         args = [sys.executable, "-m", "rlhf_operator", "operator"]
         args += [f"--namespace={ns}" for ns in self.namespaces] or ["--all-namespaces"]
-        args += [f"--liveness=http://127.0.0.1:{self.health_port}/healthz"]
+        args += [f"--liveness=http://127.0.0.1:{self.health_port}{contract.HEALTHZ_PATH}"]
         if self.metrics_port:
             args += [f"--metrics-port={self.metrics_port}"]
         if self.peering:
@@ -81,7 +82,9 @@ class OperatorProcess:
                     f"rlhf operator exited with {self.proc.returncode}; log: {self.log_tail()}"
                 )
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1):
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.health_port}{contract.HEALTHZ_PATH}", timeout=1
+                ):
                     return self
             except OSError:
                 time.sleep(0.2)

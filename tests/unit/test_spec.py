@@ -102,18 +102,21 @@ def test_camel_case_keys_map_to_fields():
         ({"rollout__temperature": -1}, "spec.rollout.temperature: -1.0 is below the minimum 0.0"),
         ({"training__steps": "ten"}, "spec.training.steps: 'ten' is not an integer"),
         ({"training__steps": True}, "spec.training.steps: True is not an integer"),
-        ({"algorithm__name": "ppo2"}, "spec.algorithm.name: unknown algorithm 'ppo2'; valid: ppo, grpo"),
+        (
+            {"algorithm__name": "ppo2"},
+            'spec.algorithm.name: Invalid value: "ppo2": algorithm.name must be one of ppo, grpo, gspo, dr_grpo, rloo, reinforce_plus_plus, remax, online_dpo, dynamic_kl_ppo or an import path package.module:Class (got "ppo2")',
+        ),
         (
             {"roles__rollout": {"minReplicas": 3, "maxReplicas": 2, "replicas": 2}},
-            "spec.roles.rollout.minReplicas: 3 must be <= maxReplicas (2)",
+            "spec.roles.rollout.minReplicas: Invalid value: 3: rollout.minReplicas must be <= rollout.maxReplicas (2); got 3",
         ),
         (
             {"roles__rollout": {"replicas": 5, "maxReplicas": 4}},
-            "spec.roles.rollout.replicas: 5 must lie in [minReplicas=1, maxReplicas=4]",
+            "spec.roles.rollout.replicas: Invalid value: 5: rollout.replicas must lie in [minReplicas, maxReplicas] = [1, 4]; got 5",
         ),
         (
             {"roles__actor": {"nodePool": "h100"}},
-            "spec.roles.actor.nodePool: 'h100' is not a name in spec.nodePools (defined: none defined)",
+            'spec.roles.actor.nodePool: Invalid value: "h100": spec.roles.actor.nodePool must name an entry of spec.nodePools: "h100" is not one; valid: none defined',
         ),
         (
             {"roles__actor": {"resources": {"gpus": -1}}},
@@ -123,14 +126,17 @@ def test_camel_case_keys_map_to_fields():
             {"roles__actor": {"resources": {"memory": "lots"}}},
             "spec.roles.actor.resources.memory: 'lots' is not valid; valid: a Kubernetes quantity such as 8Gi",
         ),
-        ({"reward": {"functions": []}}, "spec.reward: needs at least one entry in `functions` or a `model`"),
+        (
+            {"reward": {"functions": []}},
+            'spec.reward: Invalid value: "object": reward needs at least one function or a model; valid: functions: [{path: my_rewards:exact_match}]',
+        ),
         (
             {"reward__functions": [{"path": "not an import path"}]},
             "spec.reward.functions[0].path: 'not an import path' is not valid; valid: an import path",
         ),
         (
             {"training__miniBatchSize": 7},
-            "spec.training.miniBatchSize: 7 must divide the batch of 32 responses",
+            "spec.training.miniBatchSize: Invalid value: 7: spec.training.miniBatchSize must divide promptsPerStep × samplesPerPrompt = 32 responses (0: the whole batch); got 7",
         ),
         (
             {"training__maxTokensPerMicroBatch": 0},
@@ -142,7 +148,7 @@ def test_camel_case_keys_map_to_fields():
         ),
         (
             {"eval": {"path": "e.jsonl", "greedy": False}},
-            "spec.eval.samples: 0 with greedy: false evaluates nothing",
+            "spec.eval.samples: Invalid value: 0: spec.eval.samples must be >= 1 when spec.eval.greedy is false (nothing to evaluate otherwise)",
         ),
         ({"eval": {"every": 5}}, "spec.eval.path: required field is missing"),
         ({"eval": {"path": "e.jsonl", "samples": -1}}, "spec.eval.samples: -1 is below the minimum 0"),
@@ -192,7 +198,7 @@ def test_metadata_and_kind_are_checked():
     doc["metadata"]["name"] = "Bad_Name"
     errs = errors_of(doc)
     assert any(e.startswith("kind: 'Job' is not valid") for e in errs)
-    assert any(e.startswith("metadata.name: 'Bad_Name'") for e in errs)
+    assert any(e.startswith("metadata.name") and "Bad_Name" in e for e in errs), errs
 
 
 def test_all_errors_reported_at_once():
@@ -309,10 +315,7 @@ WORK_PVC = {"name": "work", "mountPath": "/workspace", "persistentVolumeClaim": 
 DNS_SUBDOMAIN = (
     "a DNS subdomain: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
 )
-OPERATOR_OWNS_ENV = (
-    "is set by the operator (the pod contract); valid: any other name (the operator's defaults HOME, "
-    "XDG_CACHE_HOME, HF_HOME, MPLCONFIGDIR, ... may be overridden)"
-)
+OPERATOR_OWNS_ENV = "is set by the operator (the pod contract); valid: any other name"
 OWNED_KEY = (
     "is set by the operator (the rlhf.dev/ namespace, and the scheduling keys from spec.scheduling); valid: "
     "any other key"
@@ -358,12 +361,12 @@ def test_every_pod_setting_parses_and_round_trips():
         # volumes
         (
             {"pod": {"volumes": [{"name": "v", "mountPath": "/data"}]}},
-            "spec.pod.volumes[0]: set exactly one of persistentVolumeClaim, hostPath, emptyDir, configMap, secret (got none)",
+            'spec.pod.volumes[0]: Invalid value: "object": a volume needs exactly one of persistentVolumeClaim, hostPath, emptyDir, configMap, secret; got none',
         ),
         (
             {"pod": {"volumes": [{**VOL, "hostPath": {"path": "/x"}}]}},
-            "spec.pod.volumes[0]: set exactly one of persistentVolumeClaim, hostPath, emptyDir, configMap, secret "
-            "(got hostPath, emptyDir)",
+            'spec.pod.volumes[0]: Invalid value: "object": a volume needs exactly one of persistentVolumeClaim, '
+            "hostPath, emptyDir, configMap, secret; got hostPath emptyDir",
         ),
         (
             {"pod": {"volumes": [{**VOL, "nfs": {"server": "x"}}]}},
@@ -372,46 +375,46 @@ def test_every_pod_setting_parses_and_round_trips():
         ),
         (
             {"pod": {"volumes": [{**VOL, "name": "tmp"}]}},
-            "spec.pod.volumes[0].name: 'tmp' is a volume the operator adds itself; valid: any other DNS label",
+            'spec.pod.volumes[0].name: Invalid value: "tmp": "tmp" is a volume the operator adds itself; valid: any other DNS label',
         ),
         (
             {"pod": {"volumes": [{**VOL, "mountPath": "data"}]}},
-            "spec.pod.volumes[0].mountPath: 'data' is not valid; valid: a normalized absolute path such as /data",
+            'spec.pod.volumes[0].mountPath: Invalid value: "data": "data" is not valid; valid: a normalized absolute path such as /data',
         ),
         (
             {"pod": {"volumes": [{**VOL, "mountPath": "/data/../etc"}]}},
-            "spec.pod.volumes[0].mountPath: '/data/../etc' is not valid; valid: a normalized absolute path such as /data",
+            'spec.pod.volumes[0].mountPath: Invalid value: "/data/../etc": "/data/../etc" is not valid; valid: a normalized absolute path such as /data',
         ),
         (
             {"pod": {"volumes": [{**VOL, "mountPath": "/etc/rlhf/x"}]}},
-            "spec.pod.volumes[0].mountPath: '/etc/rlhf/x' is not valid; the operator owns /, /dev/shm and /etc/rlhf",
+            'spec.pod.volumes[0].mountPath: Invalid value: "/etc/rlhf/x": "/etc/rlhf/x" is not valid; the operator owns /dev/shm and /etc/rlhf',
         ),
         (
             {"pod": {"volumes": [{**VOL, "mountPath": "/"}]}},
-            "spec.pod.volumes[0].mountPath: '/' is not valid; the operator owns /, /dev/shm and /etc/rlhf",
+            'spec.pod.volumes[0].mountPath: Invalid value: "/": "/" is not valid; valid: a normalized absolute path such as /data',
         ),
         (
             {"pod": {"volumes": [{**VOL, "subPath": "../up"}]}},
-            "spec.pod.volumes[0].subPath: '../up' is not valid; valid: a relative path without '..'",
+            'spec.pod.volumes[0].subPath: Invalid value: "../up": "../up" is not valid; valid: a relative path without \'..\'',
         ),
         (
             {"pod": {"volumes": [VOL, {**VOL, "mountPath": "/other"}]}},
-            "spec.pod.volumes[1].name: 'v' is already the name of spec.pod.volumes[0]",
+            'spec.pod.volumes: Invalid value: "array": volume names must be unique in each pod; used twice: v, v',
         ),
         (
             {"pod": {"volumes": [VOL, {**VOL, "name": "w"}]}},
-            "spec.pod.volumes[1].mountPath: '/data' is already the mount path of spec.pod.volumes[0]",
+            'spec.pod.volumes: Invalid value: "array": volume mountPaths must be unique in each pod; used twice: /data, /data',
         ),
         (
             {
                 "pod": {"volumes": [VOL]},
                 "roles": {"rollout": {"pod": {"volumes": [{**VOL, "mountPath": "/x"}]}}},
             },
-            "spec.roles.rollout.pod.volumes[0].name: 'v' is already the name of spec.pod.volumes[0]",
+            'spec.roles.rollout.pod.volumes: Invalid value: "array": spec.roles.rollout.pod.volumes: v already used as a volume name in spec.pod.volumes',
         ),
         (
             {"pod": {"volumes": [VOL]}, "controller": {"pod": {"volumes": [{**VOL, "name": "w"}]}}},
-            "spec.controller.pod.volumes[0].mountPath: '/data' is already the mount path of spec.pod.volumes[0]",
+            'spec.controller.pod.volumes: Invalid value: "array": spec.controller.pod.volumes: /data already used as a volume mountPath in spec.pod.volumes',
         ),
         (
             {
@@ -452,7 +455,7 @@ def test_every_pod_setting_parses_and_round_trips():
                     ]
                 }
             },
-            "spec.pod.volumes[0].configMap.items[0].path: '/abs' is not valid; valid: a relative path without '..'",
+            'spec.pod.volumes[0].configMap.items[0].path: Invalid value: "/abs": "/abs" is not valid; valid: a relative path without \'..\'',
         ),
         (
             {
@@ -467,7 +470,7 @@ def test_every_pod_setting_parses_and_round_trips():
         # env
         (
             {"pod": {"env": [{"name": "A"}]}},
-            "spec.pod.env[0]: set exactly one of value, valueFrom (got none)",
+            'spec.pod.env[0]: Invalid value: "object": an env var needs exactly one of value, valueFrom; got none',
         ),
         (
             {
@@ -477,12 +480,12 @@ def test_every_pod_setting_parses_and_round_trips():
                     ]
                 }
             },
-            "spec.pod.env[0]: set exactly one of value, valueFrom (got value, valueFrom)",
+            'spec.pod.env[0]: Invalid value: "object": an env var needs exactly one of value, valueFrom; got value valueFrom',
         ),
         (
             {"pod": {"env": [{"name": "A", "valueFrom": {}}]}},
-            "spec.pod.env[0].valueFrom: set exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef "
-            "(got none)",
+            'spec.pod.env[0].valueFrom: Invalid value: "object": valueFrom needs exactly one of secretKeyRef, '
+            "configMapKeyRef, fieldRef, resourceFieldRef; got none",
         ),
         (
             {"pod": {"env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}}]}},
@@ -501,15 +504,15 @@ def test_every_pod_setting_parses_and_round_trips():
         ),
         (
             {"pod": {"env": [{"name": "RLHF_ROLE", "value": "x"}]}},
-            f"spec.pod.env[0].name: 'RLHF_ROLE' {OPERATOR_OWNS_ENV}",
+            f'spec.pod.env[0].name: Invalid value: "RLHF_ROLE": "RLHF_ROLE" {OPERATOR_OWNS_ENV}',
         ),
         (
             {"roles": {"actor": {"pod": {"env": [{"name": "RAY_AUTH_TOKEN", "value": "x"}]}}}},
-            f"spec.roles.actor.pod.env[0].name: 'RAY_AUTH_TOKEN' {OPERATOR_OWNS_ENV}",
+            f'spec.roles.actor.pod.env[0].name: Invalid value: "RAY_AUTH_TOKEN": "RAY_AUTH_TOKEN" {OPERATOR_OWNS_ENV}',
         ),
         (
             {"pod": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}},
-            "spec.pod.env[1].name: 'A' is defined twice",
+            'spec.pod.env: Invalid value: "array": env names must be unique; defined twice: A, A',
         ),
         ({"pod": {"env": [{"name": "A", "value": 1}]}}, "spec.pod.env[0].value: 1 is not a string"),
         # labels and annotations
@@ -575,7 +578,7 @@ def test_every_pod_setting_parses_and_round_trips():
         ),
         (
             {"controller": {"nodePool": "cpu"}},
-            "spec.controller.nodePool: 'cpu' is not a name in spec.nodePools (defined: none defined)",
+            'spec.controller.nodePool: Invalid value: "cpu": spec.controller.nodePool must name an entry of spec.nodePools: "cpu" is not one; valid: none defined',
         ),
         (
             {"controller": {"resources": {"gpus": 1}}},

@@ -27,6 +27,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from rlhf_api import contract
+
 PREFIX = "rlhf_"
 
 #: Gauge name (without prefix) -> (help, flat metric keys that set it, first present wins).
@@ -214,9 +216,9 @@ class MetricsServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 path = self.path.split("?", 1)[0]
-                if path == "/metrics":
+                if path == contract.METRICS_PATH:
                     self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-                elif path == "/healthz":
+                elif path == contract.HEALTHZ_PATH:
                     try:
                         ok = bool(check())
                     except Exception:  # noqa: BLE001 - a failing check is an unhealthy answer

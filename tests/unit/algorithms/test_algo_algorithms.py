@@ -124,9 +124,17 @@ def test_params_accept_camel_and_snake_case_and_coerce_ints():
         ("ppo", {"clipRatioC": 1.0}, r"clip_ratio_c must be > 1 \(or null\), got 1.0"),
         ("ppo", {"gamma": 1.5}, r"gamma must be in \[0, 1\], got 1.5"),
         ("ppo", {"kl_coef": 0.1, "klCoef": 0.2}, "param 'kl_coef' given twice"),
-        ("dynamic_kl_ppo", {"klController": "adaptive"}, "kl_controller must be 'fixed'"),
-        ("dynamic_kl_ppo", {"betaMin": 0.5, "betaMax": 0.1}, "need beta_min <= beta_max"),
-        ("dynamic_kl_ppo", {"klCoef": 2.0}, r"kl_coef 2.0 must lie in \[beta_min, beta_max\]"),
+        (
+            "dynamic_kl_ppo",
+            {"klController": "adaptive"},
+            "klController must be 'fixed'; got klController \"adaptive\"",
+        ),
+        (
+            "dynamic_kl_ppo",
+            {"betaMin": 0.5, "betaMax": 0.1},
+            "betaMin must be <= betaMax; got betaMin 0.5, betaMax 0.1",
+        ),
+        ("dynamic_kl_ppo", {"klCoef": 2.0}, r"klCoef must lie in \[betaMin, betaMax\]; got klCoef 2.0"),
         ("online_dpo", {"preferenceLoss": "kto"}, "unknown preference loss 'kto'; valid: dpo, ipo"),
         ("online_dpo", {"labelSmoothing": 0.7}, r"label_smoothing must be in \[0, 0.5\)"),
     ],
@@ -578,7 +586,7 @@ def test_dr_grpo_preset_no_std_and_a_constant_length_normaliser_from_the_job():
     assert (p.norm_by_std, p.loss_agg_mode, p.norm_length) == (False, "seq-mean-token-sum-norm", 8.0)
     assert build_algorithm("dr_grpo", {"normLength": 16}, job=job.spec).params.norm_length == 16.0
     assert build_algorithm("dr_grpo").params.norm_length is None  # no job: the padded length T
-    with pytest.raises(ValueError, match="norm_by_std must be false"):
+    with pytest.raises(ValueError, match="normByStd must be false"):
         build_algorithm("dr_grpo", {"normByStd": True})
 
     lengths = [2, 3, 1, 4]

@@ -49,7 +49,10 @@ def test_the_overlong_penalty_needs_its_max_length_and_a_shorter_buffer():
     batch = {"response_mask": _mask([2], 4), "scores": torch.tensor([1.0]), "group_index": torch.tensor([0])}
     with pytest.raises(ValueError, match="needs overlong_max_length"):
         build_algorithm("grpo", {"overlongBufferLength": 4}).compute_advantages(batch)
-    with pytest.raises(ValueError, match="overlong_buffer_length 8 must be < overlong_max_length 8"):
+    with pytest.raises(
+        ValueError,
+        match="overlongBufferLength must be < overlongMaxLength .*; got overlongBufferLength 8, overlongMaxLength 8",
+    ):
         GRPOParams(overlong_buffer_length=8, overlong_max_length=8)
 
 

@@ -313,11 +313,11 @@ def test_verdict_describes_the_rule() -> None:
         ),
         (
             {"action": "FailJob", "onReasons": ["Evicted"], "exitCodes": [1]},
-            "spec.failurePolicy.rules[0].exitCodes: needs ContainerExitCode in spec.failurePolicy.rules[0].onReasons",
+            'spec.failurePolicy.rules[0].exitCodes: Invalid value: "array": failurePolicy.rules[].exitCodes needs ContainerExitCode in onReasons',
         ),
         (
             {"action": "FailJob", "onReasons": ["ContainerExitCode"], "exitCodes": [0, 256]},
-            "spec.failurePolicy.rules[0].exitCodes: [0, 256] out of range; exit codes are 1 to 255",
+            'spec.failurePolicy.rules[0].exitCodes: Invalid value: "array": failurePolicy.rules[].exitCodes: exit codes are 1 to 255; got 0',
         ),
         ({"action": "FailJob", "when": "always"}, "spec.failurePolicy.rules[0].when: unknown field"),
     ],

@@ -66,7 +66,9 @@ IPC_BUCKET_BYTES = 512 * 2**20
 
 def _shm_root() -> str:
     return (
-        "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+        contract.POD_SHM_DIR
+        if os.path.isdir(contract.POD_SHM_DIR) and os.access(contract.POD_SHM_DIR, os.W_OK)
+        else tempfile.gettempdir()
     )
 
 
