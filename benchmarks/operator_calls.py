@@ -2,9 +2,9 @@
 `reconcile.plan` against the in-memory API of the executor's unit tests, each call given a fixed
 latency. It compares the pass as it was (the spec parsed, with every CEL rule of the CRD, twice
 per pass; a LIST per pass; pods created one by one) with the pass now (the parse remembered per
-distinct job, `jobs.parse`; the watch-fed pod cache; parallel creation), with the CRD's rules
+distinct job, `parse_cache.parse`; the watch-fed pod cache; parallel creation), with the CRD's rules
 evaluated in Python (another release's CRD installed) and left to the API server (this
-operator's CRD installed: `jobs.InstalledRules`). Every column skips rebuilding the static
+operator's CRD installed: `parse_cache.InstalledRules`). Every column skips rebuilding the static
 children of an unchanged job (before, every pass rebuilt them), so the "before" column is, if
 anything, cheaper than the old pass was. The CEL programs are compiled by the first column's
 run, so the later columns do not pay that (about 0.3 s of CPU, once per operator process).

@@ -527,7 +527,7 @@ def test_ppo_example_across_two_pools(cluster: Cluster, namespace: str, operator
 
 
 def test_under_the_charts_rbac_the_operator_finds_its_own_crd_installed(installed: Any) -> None:
-    """What `jobs.InstalledRules` reads: the installed CRD's schema digest, with the chart's RBAC
+    """What `parse_cache.InstalledRules` reads: the installed CRD's schema digest, with the chart's RBAC
     (a metadata-only LIST narrowed to the CRD's name), equal to the digest the operator expects,
     so the operator leaves the CRD's rules to the API server."""
     from rlhf_operator import crd, jobs, kube
