@@ -44,8 +44,8 @@ from rlhf_trainer.dataflow import (
 from rlhf_trainer.dataflow.batch import StepBatch
 from rlhf_trainer.dataflow.context import TrainerContext, timed
 from rlhf_trainer.dataflow.phases import evaluate, reshard_if_needed, sample_rows, sync_weights
-from rlhf_trainer.sync.fleet import ElasticOptions, membership_source
-from rlhf_trainer.sync.membership import MembershipSource
+from rlhf_trainer.fleet.elastic import ElasticOptions, membership_source
+from rlhf_trainer.fleet.membership import MembershipSource
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def run(
 ) -> Summary:
     """Run `job` to its last step (resuming from the latest checkpoint) and return the summary.
     `elastic`: the disaggregated rollout fleet's membership source and hooks (clock, signal, sync
-    checks; see `sync.fleet.ElasticOptions`)."""
+    checks; see `fleet.elastic.ElasticOptions`)."""
     started = time.perf_counter()
     spec = resolve_spec(job.spec, Path(manifest_dir), steps)
     r = setup(job.metadata_name, spec, run_dir, resume, ray_address, on_status, elastic)
@@ -167,7 +167,7 @@ def settle_rollout(ctx: TrainerContext, metrics: dict[str, Any]) -> None:
 
 
 def elastic_rollout(ctx: TrainerContext, metrics: dict[str, Any]) -> None:
-    """Disaggregated placement: the resharding protocol at the step boundary (`sync.fleet`)."""
+    """Disaggregated placement: the resharding protocol at the step boundary (`fleet.elastic`)."""
     if ctx.fleet is None:
         return
     with timed(metrics, "reshard"):
@@ -590,7 +590,7 @@ def start_fleet(
     prompt queue, membership source)."""
     if ctx.rollout is None:
         return
-    from rlhf_trainer.sync.fleet import RolloutFleet
+    from rlhf_trainer.fleet.elastic import RolloutFleet
 
     backend = placement.sync_backend(
         options.sync_backend, ctx.actor.device or "cpu", ctx.rollout.device or "cpu"
