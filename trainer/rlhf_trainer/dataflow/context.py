@@ -47,9 +47,9 @@ class TrainerContext:
     """The job's algorithm (advantages, KL-controller state); workers hold copies for the loss."""
     actor: WorkerGroup = field(init=False, repr=False)
     """`ActorWorker` ranks (they generate too, in colocated placement). Set by
-    `controller.start_workers`, after the stream is built (the stream says which roles run)."""
+    `startup.start_workers`, after the stream is built (the stream says which roles run)."""
     reward: WorkerGroup = field(init=False, repr=False)
-    """`RewardWorker` replicas. Set by `controller.start_workers`."""
+    """`RewardWorker` replicas. Set by `startup.start_workers`."""
     critic: WorkerGroup | None = None
     """`CriticWorker` ranks, when an algorithm of the stream needs a critic."""
     reference: WorkerGroup | None = None
