@@ -1,4 +1,4 @@
-"""`rlhf run` starts no worker for a role the algorithm never uses (`spec.unused_roles`, the rule
+"""`rlhf run` starts no worker for a role the algorithm never uses (`rlhf_api.job.unused_roles`, the rule
 the operator follows for pods): GRPO with klCoef 0 and a critic and a reference given replicas
 trains with an actor, a reward and no critic or reference worker."""
 
