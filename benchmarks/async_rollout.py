@@ -65,8 +65,8 @@ def job(max_staleness: int, steps: int) -> Any:
 def measure(max_staleness: int, steps: int, warmup: int, delay: float) -> dict[str, float]:
     """Median seconds per step (wall clock between step ends) and per phase of one run."""
     from rlhf_trainer.controller import run
+    from rlhf_trainer.fleet.elastic import ElasticOptions
     from rlhf_trainer.metrics import read_jsonl
-    from rlhf_trainer.sync.fleet import ElasticOptions
 
     ends: list[float] = []
     options = ElasticOptions(generation_delay=(lambda step: delay) if delay else None)
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps <= args.warmup:
         parser.error("--steps must exceed --warmup")
 
-    from rlhf_trainer.controller import start_ray
+    from rlhf_trainer.startup import start_ray
 
     owns = start_ray()
     try:

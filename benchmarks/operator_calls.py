@@ -2,9 +2,9 @@
 `reconcile.plan` against the in-memory API of the executor's unit tests, each call given a fixed
 latency. It compares the pass as it was (the spec parsed, with every CEL rule of the CRD, twice
 per pass; a LIST per pass; pods created one by one) with the pass now (the parse remembered per
-distinct job, `jobs.parse`; the watch-fed pod cache; parallel creation), with the CRD's rules
+distinct job, `parse_cache.parse`; the watch-fed pod cache; parallel creation), with the CRD's rules
 evaluated in Python (another release's CRD installed) and left to the API server (this
-operator's CRD installed: `jobs.InstalledRules`). Every column skips rebuilding the static
+operator's CRD installed: `parse_cache.InstalledRules`). Every column skips rebuilding the static
 children of an unchanged job (before, every pass rebuilt them), so the "before" column is, if
 anything, cheaper than the old pass was. The CEL programs are compiled by the first column's
 run, so the later columns do not pay that (about 0.3 s of CPU, once per operator process).
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests" / "unit" / "operator"))
 from operator_helpers import at, job  # noqa: E402
 from test_operator_executor import WatchedKube  # noqa: E402
 
-from rlhf_operator import crd, jobs  # noqa: E402
+from rlhf_operator import crd, parse_cache  # noqa: E402
 from rlhf_operator.cache import PodCache  # noqa: E402
 from rlhf_operator.executor import Executor  # noqa: E402
 
@@ -87,11 +87,11 @@ def lifecycle(
     """One job from creation to Running, `cached` False as before (no pod cache, every parse
     done anew), `trusted`: this operator's CRD is installed (the API server's admission trusted):
     (calls by verb, first pass seconds, all passes seconds, CPU seconds)."""
-    jobs.clear()  # each column parses the job itself
+    parse_cache.clear()  # each column parses the job itself
     fake = SlowKube(job(), latency)
     pods = PodCache() if cached else None
     digest = crd.expected_schema_digest() if trusted else "another release's"
-    rules = jobs.InstalledRules(lambda: {crd.SCHEMA_DIGEST_ANNOTATION: digest})
+    rules = parse_cache.InstalledRules(lambda: {crd.SCHEMA_DIGEST_ANNOTATION: digest})
     ex = Executor(fake, pod_cache=pods, create_workers=workers, installed_rules=rules)  # type: ignore[arg-type]
     seen: dict[str, Any] = {}
     t = 0
@@ -100,7 +100,7 @@ def lifecycle(
         nonlocal t
         t += 1
         if not cached:
-            jobs.clear()  # as before: the spec parsed on every pass
+            parse_cache.clear()  # as before: the spec parsed on every pass
         start = time.perf_counter()
         ex.reconcile("ns", "j", now=at(t))
         return time.perf_counter() - start

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps <= args.warmup:
         parser.error("--steps must exceed --warmup")
 
-    from rlhf_trainer.controller import start_ray
+    from rlhf_trainer.startup import start_ray
 
     start_ray()
     results = {p: measure(p, args.steps, args.warmup) for p in ("colocated", "disaggregated")}

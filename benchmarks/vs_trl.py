@@ -131,8 +131,9 @@ def project_job(model: Path, prompts: Path, a: argparse.Namespace) -> Any:
 def run_project(model: Path, prompts: Path, a: argparse.Namespace) -> dict[str, Any]:
     import ray
 
-    from rlhf_trainer.controller import run, start_ray
+    from rlhf_trainer.controller import run
     from rlhf_trainer.metrics import read_jsonl
+    from rlhf_trainer.startup import start_ray
 
     # Ray gives a local node a fixed 30 s to register; a loaded machine can miss it.
     for attempt in range(1, 4):

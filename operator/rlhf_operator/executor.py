@@ -29,11 +29,11 @@ from rlhf_operator import (
     cache,
     children,
     failure_policy,
-    jobs,
     kube,
     kueue,
     metrics,
     ownership,
+    parse_cache,
     reconcile,
     tenant_limits,
 )
@@ -155,7 +155,7 @@ class Executor:
         prometheus_url_prefixes: Sequence[str] = (),
         pod_cache: cache.PodCache | None = None,
         create_workers: int = 1,
-        installed_rules: jobs.InstalledRules | None = None,
+        installed_rules: parse_cache.InstalledRules | None = None,
         limits: tenant_limits.Limits | None = None,
     ) -> None:
         self.kube = client
@@ -191,7 +191,7 @@ class Executor:
         series of the operator's metrics, so that the jobs-by-phase gauge (and the alerts on it)
         no longer count a deleted job."""
         key = (namespace, name)
-        jobs.forget(namespace, name, uid)
+        parse_cache.forget(namespace, name, uid)
         with self._own_lock:
             self._own_writes.pop(key, None)
         if uid is None or self._ensured.get(key, ("",))[0] == uid:
@@ -308,7 +308,7 @@ class Executor:
             plan.requeue(autoscale_after)
         rejection: failure_policy.Rejection | None = None
         if plan.job is not None and not plan.invalid and plan.status.get("phase") not in FINISHED:
-            rejection = self._ensure_static(plan.job, jobs.digest(body))
+            rejection = self._ensure_static(plan.job, parse_cache.digest(body))
             self._mark("static")
         old = reconcile.operator_status(body.get("status") or {})
         if old != reconcile.operator_status(plan.status) or autoscaled:
@@ -400,7 +400,7 @@ class Executor:
         instead of two; a condition it sets, or a `/scale`, is written at once)."""
         status = body.get("status") or {}
         try:
-            job = jobs.parse(body, admitted)
+            job = parse_cache.parse(body, admitted)
         except SpecError:
             return body, None, False, None  # reconcile.plan reports it
         if not autoscaler.enabled(job, status.get("phase")):
@@ -453,7 +453,7 @@ class Executor:
         whose name is held by an object this job does not own (then the pods, which need them,
         are not created this pass: a foreign ServiceAccount's token or Secret is never used).
 
-        `source` is the digest of the job the children are built from (`jobs.digest`): while it
+        `source` is the digest of the job the children are built from (`parse_cache.digest`): while it
         is the one last ensured, nothing is built (building the ConfigMap's YAML costs more than
         the rest of a pass); when it moved, the children are built and compared with those last
         ensured."""

@@ -37,10 +37,10 @@ from rlhf_operator import (
     cache,
     crd,
     images,
-    jobs,
     kube,
     kueue,
     metrics,
+    parse_cache,
     safe_json,
     status_policy,
     tenant_limits,
@@ -90,7 +90,7 @@ def _get_executor() -> Executor:
             pod_cache=_pods,
             create_workers=CREATE_WORKERS,
             limits=tenant_limits.Limits.from_env(os.environ),
-            installed_rules=jobs.InstalledRules(
+            installed_rules=parse_cache.InstalledRules(
                 lambda: client.crd_annotations(crd.CRD_NAME),
                 recheck_seconds=float(os.environ.get("RLHF_OPERATOR_CRD_RECHECK_SECONDS", "60")),
             ),
@@ -129,7 +129,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    # Which rules the API server enforces (`jobs.InstalledRules`), read before any job is served:
+    # Which rules the API server enforces (`parse_cache.InstalledRules`), read before any job is served:
     # otherwise the first passes of a burst of new jobs all waited for that read.
     rules = _get_executor().installed_rules
     if rules is not None:

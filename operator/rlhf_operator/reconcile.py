@@ -54,9 +54,9 @@ from rlhf_operator import (
     failure_policy,
     gang,
     images,
-    jobs,
     kueue,
     ownership,
+    parse_cache,
     pod_health,
     rollout,
     suspend,
@@ -200,7 +200,7 @@ class Pass:
     leaving: set[str] = field(default_factory=set)
     members: list[dict[str, Any]] = field(default_factory=list)
     expected: int = 0
-    #: The API server has enforced the CRD's rules on `body` (`jobs.InstalledRules`).
+    #: The API server has enforced the CRD's rules on `body` (`parse_cache.InstalledRules`).
     admitted: bool = False
     #: The operator's bounds on one job (`tenant_limits`).
     limits: tenant_limits.Limits = field(default_factory=tenant_limits.Limits)
@@ -353,7 +353,7 @@ def parse_spec(p: Pass) -> bool:
     (`tenant_limits.refusal`: too many pods, a hostPath not allowed), before a single pod is built;
     the handler then stops."""
     try:
-        job = jobs.parse(p.body, admitted=p.admitted)
+        job = parse_cache.parse(p.body, admitted=p.admitted)
         no_image = images.missing_image(job.spec)
         if no_image:
             raise SpecError([no_image])
@@ -812,7 +812,7 @@ def plan(
 ) -> Plan:
     """Reconcile one job. `body` is the job as read from the API server; `pods` its labelled pods
     (only those whose controller owner reference carries the job's UID count; see `ownership`);
-    `admitted`: the API server enforced the CRD's rules on `body` (see `jobs.parse`); `limits`:
+    `admitted`: the API server enforced the CRD's rules on `body` (see `parse_cache.parse`); `limits`:
     the operator's bounds on a job (default: `tenant_limits.Limits()`)."""
     p = Pass.start(body, pods, now)
     p.admitted = admitted

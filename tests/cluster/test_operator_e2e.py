@@ -527,14 +527,14 @@ def test_ppo_example_across_two_pools(cluster: Cluster, namespace: str, operator
 
 
 def test_under_the_charts_rbac_the_operator_finds_its_own_crd_installed(installed: Any) -> None:
-    """What `jobs.InstalledRules` reads: the installed CRD's schema digest, with the chart's RBAC
+    """What `parse_cache.InstalledRules` reads: the installed CRD's schema digest, with the chart's RBAC
     (a metadata-only LIST narrowed to the CRD's name), equal to the digest the operator expects,
     so the operator leaves the CRD's rules to the API server."""
-    from rlhf_operator import crd, jobs, kube
+    from rlhf_operator import crd, kube, parse_cache
 
     client = kube.Kube(installed.api_client())
     annotations = client.crd_annotations(crd.CRD_NAME)
     assert annotations is not None
     assert annotations[crd.SCHEMA_DIGEST_ANNOTATION] == crd.expected_schema_digest()
-    assert jobs.InstalledRules(lambda: client.crd_annotations(crd.CRD_NAME)).enforced()
+    assert parse_cache.InstalledRules(lambda: client.crd_annotations(crd.CRD_NAME)).enforced()
     assert client.crd_annotations("nosuch.rlhf.dev") is None

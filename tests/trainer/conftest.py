@@ -33,7 +33,7 @@ def ray_session() -> Iterator[None]:
     (`runtime_rewards`, `runtime_pipelines`): Ray fixes the workers' PYTHONPATH at start."""
     import ray
 
-    from rlhf_trainer.controller import start_ray
+    from rlhf_trainer.startup import start_ray
 
     if str(TEST_MODULES) not in sys.path:
         sys.path.insert(0, str(TEST_MODULES))

@@ -322,7 +322,7 @@ def test_the_drivers_runtime_env_carries_no_pod_local_value(monkeypatch: pytest.
     the controller pod's."""
     import ray
 
-    from rlhf_trainer import controller
+    from rlhf_trainer import startup
 
     for var in contract.ENV_VARS:
         if var.set_by == "operator":
@@ -330,7 +330,7 @@ def test_the_drivers_runtime_env_carries_no_pod_local_value(monkeypatch: pytest.
     seen: dict[str, Any] = {}
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
-    controller.start_ray("j-controller.j.ns.svc:6379")
+    startup.start_ray("j-controller.j.ns.svc:6379")
     passed = set(seen["runtime_env"]["env_vars"])
     pod_local = {v.name for v in contract.ENV_VARS if v.pod_local}
     assert {contract.ENV_POD_IP.name, contract.ENV_ROLE.name} <= pod_local

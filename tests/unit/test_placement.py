@@ -182,7 +182,7 @@ def test_sync_backend_is_checked_against_the_placement(requested, actor, rollout
 
 
 def test_the_sync_backend_defaults_to_gloo(monkeypatch):
-    from rlhf_trainer.sync.fleet import ElasticOptions
+    from rlhf_trainer.fleet.elastic import ElasticOptions
 
     monkeypatch.delenv("RLHF_SYNC_BACKEND", raising=False)
     assert ElasticOptions().sync_backend == "gloo"

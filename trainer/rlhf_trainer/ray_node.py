@@ -17,7 +17,7 @@ Ray's CLI unchanged, except that it adds that one flag to the raylet's command l
 raylet itself defines). Where a future Ray starts the raylet differently, the addition is skipped
 with a warning and the node starts as plain `ray start` would.
 
-Every Ray the project starts, here (`ray start` on a pod) and in `controller.start_ray` (a local
+Every Ray the project starts, here (`ray start` on a pod) and in `startup.start_ray` (a local
 `ray.init`), gives its workers the niceness of `worker_niceness` (0): Ray renices each non-driver
 worker by +15 by default so that its own daemons keep the CPU, but here the workers are the job
 (the actor's update, the rollout, the reward model), and a driver-side peer such as TRL runs at

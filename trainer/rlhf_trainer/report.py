@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,80 +72,111 @@ def write_report(run_dir: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     run = Path(run_dir)
+    records = load_records(run)
+    plots: list[tuple[str, str]] = []
+    for name, title, draw in PLOTS:
+        fig = draw(plt, records)
+        if fig is None:  # its metrics were never logged
+            continue
+        fig.tight_layout()
+        fig.savefig(run / name, dpi=100)
+        plt.close(fig)
+        plots.append((name, title))
+    summary = _summary(records)
+    samples = _last_samples(run / "samples.jsonl")
+    out = run / "report.html"
+    out.write_text(_html(run, summary, plots, samples), encoding="utf-8")
+    return out
+
+
+def load_records(run: Path) -> list[dict[str, Any]]:
+    """The step records of `run`'s metrics log; an error naming the path when there are none."""
     log_path = run / "metrics.jsonl"
     if not log_path.exists():
         raise FileNotFoundError(f"no metrics log at {str(log_path)!r}; is {str(run)!r} a run directory?")
     records = read_jsonl(log_path)
     if not records:
         raise ValueError(f"{str(log_path)!r} holds no step records")
-    plots: list[tuple[str, str]] = []
+    return records
 
-    def save(fig: Any, name: str, title: str) -> None:
-        fig.tight_layout()
-        fig.savefig(run / name, dpi=100)
-        plt.close(fig)
-        plots.append((name, title))
 
+def _axes(plt: Any, xlabel: str, ylabel: str) -> tuple[Any, Any]:
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    return fig, ax
+
+
+def plot_reward(plt: Any, records: list[dict[str, Any]]) -> Any:
+    """Mean reward per step, with a ±std band when every step logged its std."""
     xs, mean, _ = _series(records, ("reward/mean",))
-    if xs:
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        ax.plot(xs, mean, color="tab:blue", label="mean reward")
-        sx, std, _ = _series(records, ("reward/std",))
-        if sx == xs:
-            ax.fill_between(
-                xs,
-                [m - s for m, s in zip(mean, std)],
-                [m + s for m, s in zip(mean, std)],
-                alpha=0.2,
-                color="tab:blue",
-                label="± std",
-            )
-        ax.set_xlabel("step")
-        ax.set_ylabel("reward")
-        ax.legend(loc="best")
-        ax.grid(alpha=0.3)
-        save(fig, "reward.png", "Reward")
+    if not xs:
+        return None
+    fig, ax = _axes(plt, "step", "reward")
+    ax.plot(xs, mean, color="tab:blue", label="mean reward")
+    sx, std, _ = _series(records, ("reward/std",))
+    if sx == xs:
+        ax.fill_between(
+            xs,
+            [m - s for m, s in zip(mean, std)],
+            [m + s for m, s in zip(mean, std)],
+            alpha=0.2,
+            color="tab:blue",
+            label="± std",
+        )
+    ax.legend(loc="best")
+    ax.grid(alpha=0.3)
+    return fig
 
+
+def plot_kl(plt: Any, records: list[dict[str, Any]]) -> Any:
+    """KL to the reference, under the first KL key of `metrics.SERIES` that was logged."""
     kx, kl, kkey = _series(records, SERIES["kl"][1])
-    if kx:
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        ax.plot(kx, kl, color="tab:red")
-        ax.set_xlabel("step")
-        ax.set_ylabel(kkey or "kl")
-        ax.grid(alpha=0.3)
-        save(fig, "kl.png", "KL divergence")
+    if not kx:
+        return None
+    fig, ax = _axes(plt, "step", kkey or "kl")
+    ax.plot(kx, kl, color="tab:red")
+    ax.grid(alpha=0.3)
+    return fig
 
+
+def plot_losses(plt: Any, records: list[dict[str, Any]]) -> Any:
+    """Actor and critic losses, each under the key it was logged with."""
     losses = [
         (label, *_series(records, SERIES[name][1]))
         for name, label in (("actor_loss", "actor"), ("critic_loss", "critic"))
     ]
-    if any(lx for _, lx, _, _ in losses):
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        for label, lx, ly, key in losses:
-            if lx:
-                ax.plot(lx, ly, label=f"{label} ({key})")
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
-        ax.legend(loc="best")
-        ax.grid(alpha=0.3)
-        save(fig, "loss.png", "Losses")
+    if not any(lx for _, lx, _, _ in losses):
+        return None
+    fig, ax = _axes(plt, "step", "loss")
+    for label, lx, ly, key in losses:
+        if lx:
+            ax.plot(lx, ly, label=f"{label} ({key})")
+    ax.legend(loc="best")
+    ax.grid(alpha=0.3)
+    return fig
 
+
+def plot_reward_histogram(plt: Any, records: list[dict[str, Any]]) -> Any:
+    """The reward distribution of the last step that logged its scores or a histogram."""
     hist_step, hist = _last_histogram(records)
-    if hist is not None:
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        if "scores" in hist:
-            ax.hist(hist["scores"], bins=min(30, max(5, len(set(hist["scores"])))), color="tab:green")
-        else:
-            edges, counts = hist["edges"], hist["counts"]
-            widths = [b - a for a, b in zip(edges[:-1], edges[1:])]
-            ax.bar(edges[:-1], counts, width=widths, align="edge", color="tab:green")
-        ax.set_xlabel("reward")
-        ax.set_ylabel("samples")
-        ax.set_title(f"step {hist_step}")
-        save(fig, "reward_hist.png", "Reward distribution (last step)")
+    if hist is None:
+        return None
+    fig, ax = _axes(plt, "reward", "samples")
+    if "scores" in hist:
+        ax.hist(hist["scores"], bins=min(30, max(5, len(set(hist["scores"])))), color="tab:green")
+    else:
+        edges, counts = hist["edges"], hist["counts"]
+        widths = [b - a for a, b in zip(edges[:-1], edges[1:])]
+        ax.bar(edges[:-1], counts, width=widths, align="edge", color="tab:green")
+    ax.set_title(f"step {hist_step}")
+    return fig
 
-    # phases in the order the controller logged them (the order they run in)
-    phases = list(
+
+def timed_phases(records: list[dict[str, Any]]) -> list[str]:
+    """The phases with a `timing/<phase>` key, in the order the controller logged them (the
+    order they run in), without the step's total."""
+    return list(
         dict.fromkeys(
             k[len("timing/") :]
             for r in records
@@ -152,34 +184,46 @@ def write_report(run_dir: str | Path) -> Path:
             if k.startswith("timing/") and k != f"timing/{TOTAL_PHASE}"
         )
     )
-    if phases:
-        steps = [float(r.get("step", i)) for i, r in enumerate(records)]
-        stacks = [[_num(r.get(f"timing/{p}")) for r in records] for p in phases]
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        ax.stackplot(steps, stacks, labels=phases, alpha=0.85)
-        ax.set_xlabel("step")
-        ax.set_ylabel("seconds")
-        ax.legend(loc="upper left", fontsize="small", ncol=min(4, len(phases)))
-        ax.grid(alpha=0.3)
-        save(fig, "timing.png", "Time per phase")
 
+
+def plot_timing(plt: Any, records: list[dict[str, Any]]) -> Any:
+    """Seconds per phase per step, stacked (a phase a step did not time counts 0)."""
+    phases = timed_phases(records)
+    if not phases:
+        return None
+    steps = [float(r.get("step", i)) for i, r in enumerate(records)]
+    stacks = [[_num(r.get(f"timing/{p}")) for r in records] for p in phases]
+    fig, ax = _axes(plt, "step", "seconds")
+    ax.stackplot(steps, stacks, labels=phases, alpha=0.85)
+    ax.legend(loc="upper left", fontsize="small", ncol=min(4, len(phases)))
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_eval(plt: Any, records: list[dict[str, Any]]) -> Any:
+    """The evaluation's mean rewards at the steps it ran (`EVAL_CURVES`)."""
     curves = [(label, *_series(records, (key,))[:2]) for key, label in EVAL_CURVES.items()]
-    if any(ex for _, ex, _ in curves):
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        for label, ex, ey in curves:
-            if ex:
-                ax.plot(ex, ey, marker="o", label=label)
-        ax.set_xlabel("step")
-        ax.set_ylabel("eval reward")
-        ax.legend(loc="best")
-        ax.grid(alpha=0.3)
-        save(fig, "eval.png", "Evaluation reward")
+    if not any(ex for _, ex, _ in curves):
+        return None
+    fig, ax = _axes(plt, "step", "eval reward")
+    for label, ex, ey in curves:
+        if ex:
+            ax.plot(ex, ey, marker="o", label=label)
+    ax.legend(loc="best")
+    ax.grid(alpha=0.3)
+    return fig
 
-    summary = _summary(records)
-    samples = _last_samples(run / "samples.jsonl")
-    out = run / "report.html"
-    out.write_text(_html(run, summary, plots, samples), encoding="utf-8")
-    return out
+
+#: The report's plots, in page order: file name, title, and the function that draws the figure
+#: from the step records (None when none of its metrics were logged).
+PLOTS: tuple[tuple[str, str, Callable[[Any, list[dict[str, Any]]], Any]], ...] = (
+    ("reward.png", "Reward", plot_reward),
+    ("kl.png", "KL divergence", plot_kl),
+    ("loss.png", "Losses", plot_losses),
+    ("reward_hist.png", "Reward distribution (last step)", plot_reward_histogram),
+    ("timing.png", "Time per phase", plot_timing),
+    ("eval.png", "Evaluation reward", plot_eval),
+)
 
 
 def _last_samples(path: Path) -> list[tuple[str, list[dict[str, Any]]]]:

@@ -113,7 +113,7 @@ def _run(
 ) -> int:
     from rlhf_api.job import dropped_role_notes
     from rlhf_trainer import controller
-    from rlhf_trainer.sync.fleet import ElasticOptions
+    from rlhf_trainer.fleet.elastic import ElasticOptions
 
     for line in dropped_role_notes(job.spec):
         print(f"note: {line}", file=sys.stderr)
@@ -181,11 +181,11 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
 def follow_operator(job: Any) -> Any:
     """In the controller pod of a disaggregated job: the operator owns the rollout fleet's size,
-    so the fleet follows the job's `status.rollout` (`sync.cluster_membership`) and this pod runs
+    so the fleet follows the job's `status.rollout` (`fleet.cluster_membership`) and this pod runs
     no autoscaler. Elsewhere None: `rlhf run`'s own policy."""
     if job.spec.roles.placement != "disaggregated":
         return None
-    from rlhf_trainer.sync.cluster_membership import ClusterMembership
+    from rlhf_trainer.fleet.cluster_membership import ClusterMembership
 
     return ClusterMembership.from_environment(
         job.metadata_name, job.namespace, fallback_replicas=job.spec.roles.rollout.replicas

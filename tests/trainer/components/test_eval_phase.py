@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from rlhf_api.sections import EvalSpec
-from rlhf_trainer.controller import due, truncate_logs
+from rlhf_trainer.controller import due
 from rlhf_trainer.dataflow import StepBatch
 from rlhf_trainer.dataflow.phases import eval_modes, eval_summary, sample_rows, spread_rows
 from rlhf_trainer.metrics import JsonlLogger, read_jsonl
+from rlhf_trainer.startup import truncate_logs
 
 
 def _reference(scores: list[float], valid: list[bool], group: list[int]) -> tuple[float, float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_trainer.controller import LineProgress
+from rlhf_trainer.startup import LineProgress
 
 
 def test_lines_first_last_and_per_interval(capsys: pytest.CaptureFixture[str]) -> None:

@@ -96,3 +96,41 @@ def test_report_shows_the_evaluation_and_the_last_samples(tmp_path: Path) -> Non
 def test_report_without_evaluation_or_samples_has_neither(tmp_path: Path) -> None:
     page = write_report(_run(tmp_path, steps=3)).read_text()
     assert "eval" not in page and "samples, step" not in page
+
+
+def test_timed_phases_keep_the_logged_order_without_the_total() -> None:
+    from rlhf_trainer.report import timed_phases
+
+    records = [
+        {"timing/rollout": 1.0, "timing/step": 2.0, "timing/update": 0.5},
+        {"timing/reward": 0.1, "timing/rollout": 1.0},
+    ]
+    assert timed_phases(records) == ["rollout", "update", "reward"]
+    assert timed_phases([{"timing/step": 1.0}]) == []
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["reward.png", "kl.png", "loss.png", "reward_hist.png", "timing.png", "eval.png"],
+)
+def test_each_plot_draws_alone_and_only_from_its_own_metrics(name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rlhf_trainer.report import PLOTS
+
+    draw = {n: d for n, _, d in PLOTS}[name]
+    metric = {
+        "reward.png": {"reward/mean": 0.5},
+        "kl.png": {"actor/kl": 0.01},
+        "loss.png": {"actor/pg_loss": 0.3},
+        "reward_hist.png": {"reward/scores": [0.0, 1.0]},
+        "timing.png": {"timing/rollout": 0.2},
+        "eval.png": {"eval/greedy/reward_mean": 0.4},
+    }[name]
+    assert draw(plt, [{"step": 0, "perf/samples_per_second": 1.0}]) is None
+    fig = draw(plt, [{"step": 0, **metric}, {"step": 1, **metric}])
+    assert fig is not None and fig.axes[0].has_data()
+    plt.close(fig)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlhf_trainer.sync.leasing import keep_prompts, rollout_tensors
-from rlhf_trainer.sync.membership import step_signal
+from rlhf_trainer.fleet.leasing import keep_prompts, rollout_tensors
+from rlhf_trainer.fleet.membership import step_signal
 
 
 def test_step_signal_from_the_steps_timings():

@@ -40,7 +40,8 @@ def test_policy_scales_rollout_fleet_1_3_2(tiny_model, ray_session, tmp_path):
     low: the policy (target 0.3, window 30 s, cooldown 15 s) scales 1 -> 3, holds 3 one more
     period (stabilization), then scales to 2."""
     from rlhf_trainer.controller import run
-    from rlhf_trainer.sync.fleet import ElasticOptions, SyncRecord
+    from rlhf_trainer.fleet.elastic import ElasticOptions
+    from rlhf_trainer.sync.push import SyncRecord
 
     clock = StepClock()
     load = {0: 0.9, 1: 0.3, 2: 0.2, 3: 0.2}
@@ -124,7 +125,8 @@ def test_replica_killed_during_sync_is_replaced(tiny_model, ray_session, tmp_pat
     import threading
 
     from rlhf_trainer.controller import run
-    from rlhf_trainer.sync.fleet import ElasticOptions, SyncRecord, SyncStart
+    from rlhf_trainer.fleet.elastic import ElasticOptions
+    from rlhf_trainer.sync.push import SyncRecord, SyncStart
 
     killed: dict[str, int] = {}
     pids: dict[str, int] = {}

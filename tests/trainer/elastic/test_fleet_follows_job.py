@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from rlhf_trainer.sync.cluster_membership import ClusterMembership
-from rlhf_trainer.sync.fleet import ElasticOptions, RolloutFleet
+from rlhf_trainer.fleet.cluster_membership import ClusterMembership
+from rlhf_trainer.fleet.elastic import ElasticOptions, RolloutFleet
 
 from .fake_job import FakeJob
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from rlhf_api import contract
-from rlhf_trainer.sync.cluster_membership import ClusterMembership, KubernetesJob, rollout_target
-from rlhf_trainer.sync.membership import PolicyMembership, Target, matches, plan_change
+from rlhf_trainer.fleet.cluster_membership import ClusterMembership, KubernetesJob, rollout_target
+from rlhf_trainer.fleet.membership import PolicyMembership, Target, matches, plan_change
 
 from .fake_job import FakeJob
 

@@ -39,11 +39,11 @@ def _distinct_prompts(path: Path, n: int) -> Path:
 
 def test_evaluation_phase_with_its_own_rewards(tiny_model: Path, tmp_path: Path) -> None:
     from rlhf_trainer.algorithms import build_algorithm
-    from rlhf_trainer.controller import load_eval_prompts, load_prompts, load_tokenizer
     from rlhf_trainer.dataflow import TrainerContext, phases
     from rlhf_trainer.rewards.builtin import response_length
     from rlhf_trainer.rollout import decode_responses
     from rlhf_trainer.rollout.hf import HFRolloutEngine
+    from rlhf_trainer.startup import load_eval_prompts, load_prompts, load_tokenizer
     from rlhf_trainer.workers import ActorWorker, RewardWorker
 
     eval_file = _distinct_prompts(tmp_path / "eval.jsonl", 12)

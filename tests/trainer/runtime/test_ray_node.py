@@ -231,11 +231,11 @@ def test_a_pods_ray_node_runs_its_workers_at_the_drivers_priority(short_tmp: Pat
     )
 
 
-#: A driver that starts a local Ray (`controller.start_ray`, as `rlhf run` does, or plain
+#: A driver that starts a local Ray (`startup.start_ray`, as `rlhf run` does, or plain
 #: `ray.init`), then prints the niceness of an actor and its own.
 LOCAL_PROBE = """
 import os, sys, ray
-from rlhf_trainer.controller import start_ray
+from rlhf_trainer.startup import start_ray
 for attempt in range(3):  # Ray gives a local node a fixed 30 s to register: a loaded machine can miss it
     try:
         start_ray() if sys.argv[1] == "project" else ray.init(num_cpus=1, include_dashboard=False)
@@ -257,7 +257,7 @@ ray.shutdown()
 
 @pytest.mark.slow
 def test_rlhf_runs_local_ray_workers_at_the_drivers_priority(short_tmp: Path):
-    """`rlhf run` starts Ray with `ray.init` (`controller.start_ray`): its role actors run at the
+    """`rlhf run` starts Ray with `ray.init` (`startup.start_ray`): its role actors run at the
     driver's niceness. Plain `ray.init` is the control (+15)."""
     if os.nice(0) >= 19 - 15:
         pytest.skip(f"this test runs at niceness {os.nice(0)}: +15 would be capped at 19, indistinguishable")

@@ -26,11 +26,11 @@ class InProcessGroup:
 
 def test_each_sample_gets_the_reward_of_its_prompts_greedy_response(tiny_model: Path, tmp_path: Path):
     from rlhf_trainer.algorithms import build_algorithm
-    from rlhf_trainer.controller import load_prompts, load_tokenizer
     from rlhf_trainer.dataflow import TrainerContext, phases
     from rlhf_trainer.rewards.builtin import arithmetic_partial
     from rlhf_trainer.rollout import decode_responses
     from rlhf_trainer.rollout.hf import HFRolloutEngine
+    from rlhf_trainer.startup import load_prompts, load_tokenizer
     from rlhf_trainer.workers import ActorWorker, RewardWorker
 
     job = make_job(

@@ -59,7 +59,7 @@ def main() -> None:
 
     from rlhf_api import contract
     from rlhf_api.loader import parse_spec
-    from rlhf_trainer.controller import start_ray
+    from rlhf_trainer.startup import start_ray
     from rlhf_trainer.workers.group import WorkerGroup
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})

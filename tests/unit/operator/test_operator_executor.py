@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from operator_helpers import at, job, merge_patch
 
-from rlhf_operator import crd, jobs, kube, kueue
+from rlhf_operator import crd, kube, kueue, parse_cache
 from rlhf_operator.cache import PodCache
 from rlhf_operator.executor import Executor
 
@@ -538,9 +538,9 @@ def test_the_crd_rules_are_left_to_the_api_server_only_when_it_runs_this_operato
     lacks the rule: with this operator's CRD installed the operator trusts the server's admission
     and creates the job's pods; with another CRD (digest differs) it evaluates every rule itself
     and fails the job, as before."""
-    jobs.clear()
+    parse_cache.clear()
     digest = crd.expected_schema_digest() if digest_matches else "sha256:" + "1" * 64
-    rules = jobs.InstalledRules(lambda: {crd.SCHEMA_DIGEST_ANNOTATION: digest})
+    rules = parse_cache.InstalledRules(lambda: {crd.SCHEMA_DIGEST_ANNOTATION: digest})
     fake = FakeKube(job(algorithm={"name": "ppo"}))
     ex = Executor(fake, installed_rules=rules)  # type: ignore[arg-type]
     out = run(ex)
@@ -563,9 +563,9 @@ import sys
 sys.path.insert(0, sys.argv[1])
 from operator_helpers import job
 from test_operator_executor import FakeKube
-from rlhf_operator import crd, jobs
+from rlhf_operator import crd, parse_cache
 from rlhf_operator.executor import Executor
-rules = jobs.InstalledRules(lambda: {crd.SCHEMA_DIGEST_ANNOTATION: crd.expected_schema_digest()})
+rules = parse_cache.InstalledRules(lambda: {crd.SCHEMA_DIGEST_ANNOTATION: crd.expected_schema_digest()})
 fake = FakeKube(job())
 Executor(fake, installed_rules=rules).reconcile("ns", "j")
 assert any(e.startswith("create Pod") for e in fake.log), fake.log

@@ -118,7 +118,7 @@ class PolicyGradientAlgorithm(Algorithm):
         )
         self.num_updates = 0
         # klCoef 0: no KL term, and no reference policy to run (`PolicyGradientParams.uses_reference`,
-        # which decides the job's roles too: `spec.unused_roles`).
+        # which decides the job's roles too: `rlhf_api.job.unused_roles`).
         if not p.uses_reference():
             self.needs_reference = False
         # With entropyCoef 0 the entropy is neither in the loss nor worth a full-vocabulary pass.

@@ -1,6 +1,6 @@
 """The DataStream API: a training step as rollout -> reward -> filter -> update operators.
 
-`rlhf run` builds the standard stream from the manifest (`controller.standard_stream`);
+`rlhf run` builds the standard stream from the manifest (`startup.standard_stream`);
 `spec.pipeline: my_pkg.flows:build` names a function `build(ctx) -> DataStream` instead.
 """
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from rlhf_trainer.algorithms.base import Algorithm
     from rlhf_trainer.data import PromptDataset
     from rlhf_trainer.dataflow.batch import StepBatch
-    from rlhf_trainer.sync.fleet import RolloutFleet
+    from rlhf_trainer.fleet.elastic import RolloutFleet
     from rlhf_trainer.workers.group import WorkerGroup
 
 
@@ -47,9 +47,9 @@ class TrainerContext:
     """The job's algorithm (advantages, KL-controller state); workers hold copies for the loss."""
     actor: WorkerGroup = field(init=False, repr=False)
     """`ActorWorker` ranks (they generate too, in colocated placement). Set by
-    `controller.start_workers`, after the stream is built (the stream says which roles run)."""
+    `startup.start_workers`, after the stream is built (the stream says which roles run)."""
     reward: WorkerGroup = field(init=False, repr=False)
-    """`RewardWorker` replicas. Set by `controller.start_workers`."""
+    """`RewardWorker` replicas. Set by `startup.start_workers`."""
     critic: WorkerGroup | None = None
     """`CriticWorker` ranks, when an algorithm of the stream needs a critic."""
     reference: WorkerGroup | None = None
@@ -57,7 +57,7 @@ class TrainerContext:
     rollout: WorkerGroup | None = None
     """`RolloutWorker` replicas, disaggregated placement only."""
     fleet: RolloutFleet | None = None
-    """The elastic fleet over `rollout` (`sync.fleet`): prompt leases, the weight-sync group, and
+    """The elastic fleet over `rollout` (`fleet.elastic`): prompt leases, the weight-sync group, and
     the source of membership changes (the local policy, or the operator on a cluster)."""
     ahead: Ahead | None = None
     """Asynchronous rollouts (`rollout.maxStaleness` > 0, disaggregated): the rollout of the next

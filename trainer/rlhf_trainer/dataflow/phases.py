@@ -11,7 +11,7 @@
     batch   = greedy_baseline(ctx, batch, algo)      # baseline    (ReMax: greedy responses' rewards)
     batch   = compute_advantages(ctx, batch, algo)   # advantage
     batch   = update_policy(ctx, batch, algo)        # update
-    reshard_if_needed(ctx, metrics)                  # elastic rollout (sync.fleet boundary)
+    reshard_if_needed(ctx, metrics)                  # elastic rollout (fleet.elastic boundary)
     sync_weights(ctx)                                # weight sync
     metrics, batches = evaluate(ctx, eval_prompts)   # evaluation (every eval.every steps)
 
@@ -91,7 +91,7 @@ def generate(
     n = ctx.spec.rollout.samples_per_prompt if n is None else n
     step = ctx.step if step is None else step
     if ctx.fleet is not None:  # disaggregated: replicas lease prompts from the fleet's queue
-        from rlhf_trainer.sync.leasing import rollout_tensors
+        from rlhf_trainer.fleet.leasing import rollout_tensors
 
         rollout, version = rollout_tensors(*ctx.fleet.generate(prompts, n, step, greedy=greedy))
     else:
@@ -575,7 +575,7 @@ def sync_weights(ctx: TrainerContext) -> dict[str, float]:
     into those calls, on the same workers, and saves a round trip to every rank per step (one
     rank: the engine samples from the training module itself, nothing to move at all).
     Disaggregated: a bucketed broadcast from actor rank 0 to every member of the fleet's weight-sync
-    group, confirmed by every receiver (`sync.fleet.RolloutFleet.sync`).
+    group, confirmed by every receiver (`fleet.elastic.RolloutFleet.sync`).
     """
     if ctx.fleet is None:
         return {}

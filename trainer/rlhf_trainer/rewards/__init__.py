@@ -279,7 +279,8 @@ class CombinedReward:
 
     @classmethod
     def from_spec(cls, reward_spec: Any, device: str = "cpu", dtype: str = "float32") -> CombinedReward:
-        """Build from a `spec.RewardSpec`; `dtype`: the reward model's (`spec.reward_model_dtype`)."""
+        """Build from a `rlhf_api.sections.RewardSpec`; `dtype`: the reward model's
+        (`rlhf_api.job.reward_model_dtype`)."""
         parts: list[tuple[str, float, Any]] = []
         for f in reward_spec.functions:
             fr = FunctionReward(f.path, f.kwargs)

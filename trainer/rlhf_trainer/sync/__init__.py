@@ -1,8 +1,10 @@
-"""Weight sync from the actor to the rollout fleet: bucketed broadcast (`buckets`), resharding to
-tensor-parallel inference layouts (`reshard`), the membership-generation process group with its
-failure path (`group`), and the prompt queue that survives fleet changes (`queue`).
+"""Weight transport from the actor to the rollout fleet: bucketed broadcast (`buckets`), resharding
+to tensor-parallel inference layouts (`reshard`), the membership-generation process group with its
+failure path (`group`), and the controller's side of it over Ray handles (`push`).
 
-See docs/elastic-rollout.md for the protocol the controller and the operator follow.
+Who is in the fleet and which prompts each member holds is the business of `rlhf_trainer.fleet`,
+which drives this package (never the other way round). See docs/elastic-rollout.md for the protocol
+the controller and the operator follow.
 """
 
 from .buckets import (
@@ -19,15 +21,12 @@ from .buckets import (
     tensor_digest,
 )
 from .group import DroppedError, PushResult, SyncError, SyncGroup, connect_store
-from .queue import PromptQueue, QueueCounters
 from .reshard import ReshardPlan, ShardRule, ShardSpec, default_tp_rules
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "DroppedError",
-    "PromptQueue",
     "PushResult",
-    "QueueCounters",
     "ReshardPlan",
     "ShardRule",
     "ShardSpec",

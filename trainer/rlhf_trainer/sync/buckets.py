@@ -244,6 +244,129 @@ def plan_messages(
     return msgs
 
 
+class SendWindow:
+    """The sender's messages in flight: at most `max_inflight` of them, at most two holding a
+    bucket buffer of `buf_size` bytes (a zero-copy message, sent from the caller's tensor, holds
+    none). Completing the oldest message frees its buffer for the next packed one."""
+
+    def __init__(
+        self,
+        group: Group,
+        src: int,
+        timeout: float | None,
+        device: torch.device,
+        buf_size: int,
+        max_inflight: int,
+    ):
+        self.group, self.src, self.timeout, self.device = group, src, timeout, device
+        self.buf_size, self.max_inflight = buf_size, max_inflight
+        self.free: list[torch.Tensor] = []
+        self.allocated = 0
+        self.inflight: deque[tuple[Any, torch.Tensor | None, torch.Tensor]] = (
+            deque()
+        )  # (work, buffer, sent view)
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes held by the bucket buffers allocated so far (never more than two)."""
+        return self.allocated * self.buf_size
+
+    def retire_oldest(self) -> None:
+        work, buf, _ = self.inflight.popleft()
+        complete(work, self.timeout, self.device)
+        if buf is not None:
+            self.free.append(buf)
+
+    def acquire(self) -> torch.Tensor:
+        """A free bucket buffer: a new one while fewer than two exist, else the oldest's back."""
+        if not self.free and self.allocated < 2:
+            self.free.append(torch.empty(self.buf_size, dtype=torch.uint8, device=self.device))
+            self.allocated += 1
+        while not self.free:
+            self.retire_oldest()
+        return self.free.pop()
+
+    def post(self, view: torch.Tensor, buf: torch.Tensor | None) -> None:
+        # Zero-copy messages cost no memory in flight; buffered ones are bounded by acquire().
+        while len(self.inflight) >= self.max_inflight:
+            self.retire_oldest()
+        self.inflight.append((_bcast(self.group, view, self.src, self.timeout), buf, view))
+
+    def drain(self) -> None:
+        while self.inflight:
+            self.retire_oldest()
+
+
+class SourceTensors:
+    """The stream's tensors as the sender reaches them: materialized strictly in order (DTensor
+    gathers are collectives matched by the other FSDP ranks' `drain_full_tensors`), transformed,
+    checked against the header's `metas`, and dropped as soon as the stream moves past them, so at
+    most one materialized tensor is held. `held` is the bytes of that copy (0 when the tensor is
+    sent in place); the largest is recorded in `stats.largest_materialized_bytes`."""
+
+    def __init__(
+        self,
+        items: Sequence[tuple[str, torch.Tensor]],
+        metas: Sequence[TensorMeta],
+        transform: Callable[[str, torch.Tensor], torch.Tensor] | None,
+        device: torch.device,
+        stats: SyncStats,
+    ):
+        self.items, self.metas, self.transform, self.device, self.stats = (
+            items,
+            metas,
+            transform,
+            device,
+            stats,
+        )
+        self.index = -1
+        self.data = torch.empty(0, dtype=torch.uint8)
+        self.in_place = True
+        self.held = 0
+
+    def bytes_of(self, i: int) -> tuple[torch.Tensor, bool]:
+        """Tensor `i` as flat bytes, and whether they are the caller's own memory on the group's
+        device (then a message can be sent straight from them)."""
+        while self.index < i:
+            self._advance()
+        return self.data, self.in_place
+
+    def finish(self) -> None:
+        """Reach the last tensor: trailing zero-size tensors still take part in the gathers."""
+        self.bytes_of(len(self.items) - 1)
+
+    def _advance(self) -> None:
+        self.index += 1
+        name, t = self.items[self.index]
+        meta = self.metas[self.index]
+        self.data = torch.empty(0, dtype=torch.uint8)  # drop the previous one first
+        full = materialize(t)
+        if self.transform is not None:
+            full = self.transform(name, full).contiguous()
+        if TensorMeta.of(meta.name, full) != meta:
+            raise ValueError(f"tensor {name!r} is {TensorMeta.of(name, full)}, header said {meta}")
+        self.in_place = not is_dtensor(t) and full.data_ptr() == t.data_ptr() and full.device == self.device
+        self.held = 0 if self.in_place else full.nbytes
+        self.stats.largest_materialized_bytes = max(self.stats.largest_materialized_bytes, self.held)
+        self.data = _as_bytes(full)
+
+
+def stream_metas(
+    items: Sequence[tuple[str, torch.Tensor]],
+    metas: Sequence[TensorMeta] | None,
+    transform: Callable[[str, torch.Tensor], torch.Tensor] | None,
+) -> Sequence[TensorMeta]:
+    """The header's metas: the caller's (required with a transform, which changes shapes), else
+    those of the tensors themselves; one per tensor."""
+    if metas is None:
+        if transform is not None:
+            raise ValueError("a transform changes shapes: pass the metas of the transformed tensors")
+        metas = [TensorMeta.of(n, t) for n, t in items]
+    if len(metas) != len(items):
+        raise ValueError(f"{len(metas)} metas for {len(items)} tensors")
+    return metas
+
+
 def bucketed_broadcast(
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     group: Group,
@@ -268,12 +391,7 @@ def bucketed_broadcast(
     """
     t0 = time.perf_counter()
     items = list(named_tensors)
-    if metas is None:
-        if transform is not None:
-            raise ValueError("a transform changes shapes: pass the metas of the transformed tensors")
-        metas = [TensorMeta.of(n, t) for n, t in items]
-    if len(metas) != len(items):
-        raise ValueError(f"{len(metas)} metas for {len(items)} tensors")
+    metas = stream_metas(items, metas, transform)
     pack = default_pack_below(bucket_bytes) if pack_below is None else pack_below
     msgs = plan_messages([m.nbytes for m in metas], bucket_bytes, pack)
     dev = torch.device(device)
@@ -281,73 +399,25 @@ def bucketed_broadcast(
 
     total = sum(m.nbytes for m in metas)
     stats = SyncStats(tensors=len(items), bytes=total, version=version, buckets=len(msgs))
-    buf_size = min(bucket_bytes, total)
-    free: list[torch.Tensor] = []
-    allocated = 0
-    inflight: deque[tuple[Any, torch.Tensor | None, torch.Tensor]] = deque()  # (work, buffer, sent view)
-
-    def retire_oldest() -> None:
-        work, buf, _ = inflight.popleft()
-        complete(work, timeout, dev)
-        if buf is not None:
-            free.append(buf)
-
-    def acquire() -> torch.Tensor:
-        nonlocal allocated
-        if not free and allocated < 2:
-            free.append(torch.empty(buf_size, dtype=torch.uint8, device=dev))
-            allocated += 1
-        while not free:
-            retire_oldest()
-        return free.pop()
-
-    def post(view: torch.Tensor, buf: torch.Tensor | None) -> None:
-        # Zero-copy messages cost no memory in flight; buffered ones are bounded by acquire().
-        while len(inflight) >= max_inflight:
-            retire_oldest()
-        inflight.append((_bcast(group, view, src, timeout), buf, view))
-
-    # Tensors are materialized strictly in order (DTensor gathers are collectives matched by the
-    # other FSDP ranks' drain_full_tensors) and dropped as soon as the stream moves past them.
-    cur_i, cur_data, cur_in_place, cur_held = -1, torch.empty(0, dtype=torch.uint8), True, 0
-
-    def tensor(i: int) -> tuple[torch.Tensor, bool]:
-        nonlocal cur_i, cur_data, cur_in_place, cur_held
-        while cur_i < i:
-            cur_i += 1
-            name, t = items[cur_i]
-            cur_data = torch.empty(0, dtype=torch.uint8)  # drop the previous one first
-            full = materialize(t)
-            if transform is not None:
-                full = transform(name, full).contiguous()
-            if TensorMeta.of(metas[cur_i].name, full) != metas[cur_i]:
-                raise ValueError(
-                    f"tensor {name!r} is {TensorMeta.of(name, full)}, header said {metas[cur_i]}"
-                )
-            cur_in_place = not is_dtensor(t) and full.data_ptr() == t.data_ptr() and full.device == dev
-            cur_held = 0 if cur_in_place else full.nbytes
-            stats.largest_materialized_bytes = max(stats.largest_materialized_bytes, cur_held)
-            cur_data = _as_bytes(full)
-        return cur_data, cur_in_place
-
+    window = SendWindow(group, src, timeout, dev, min(bucket_bytes, total), max_inflight)
+    source = SourceTensors(items, metas, transform, dev, stats)
     for msg in msgs:
         if len(msg) == 1:
             i, off, n = msg[0]
-            data, in_place = tensor(i)
+            data, in_place = source.bytes_of(i)
             if in_place:  # zero-copy: send straight from the caller's tensor
-                post(data[off : off + n], None)
-                stats.peak_extra_bytes = max(stats.peak_extra_bytes, allocated * buf_size)
+                window.post(data[off : off + n], None)
+                stats.peak_extra_bytes = max(stats.peak_extra_bytes, window.buffer_bytes)
                 continue
-        buf, pos = acquire(), 0
+        buf, pos = window.acquire(), 0
         for i, off, n in msg:
-            data, _ = tensor(i)
+            data, _ = source.bytes_of(i)
             buf[pos : pos + n].copy_(data[off : off + n])
             pos += n
-            stats.peak_extra_bytes = max(stats.peak_extra_bytes, allocated * buf_size + cur_held)
-        post(buf[:pos], buf)
-    tensor(len(items) - 1)  # trailing zero-size tensors still take part in the gathers
-    while inflight:
-        retire_oldest()
+            stats.peak_extra_bytes = max(stats.peak_extra_bytes, window.buffer_bytes + source.held)
+        window.post(buf[:pos], buf)
+    source.finish()
+    window.drain()
     stats.seconds = time.perf_counter() - t0
     return stats
 
@@ -362,6 +432,101 @@ class Sink(Protocol):
     def end(self, meta: TensorMeta, data: torch.Tensor) -> None: ...
 
 
+class SinkCursor:
+    """The receiver's side of the sink protocol: `dst(i)` begins every tensor up to `i` in stream
+    order (checking the buffer the sink gives), `received(i, n)` counts bytes in, and
+    `finish_ready` ends, in order, every tensor whose bytes have all arrived."""
+
+    def __init__(self, sink: Sink, metas: Sequence[TensorMeta]):
+        self.sink, self.metas = sink, metas
+        self.remaining = [m.nbytes for m in metas]
+        self.dsts: dict[int, torch.Tensor] = {}
+        self.begun, self.ended = 0, 0
+
+    def dst(self, i: int) -> torch.Tensor:
+        while self.begun <= i:
+            meta, size = self.metas[self.begun], self.metas[self.begun].nbytes
+            d = self.sink.begin(meta)
+            if d.dtype != torch.uint8 or d.numel() != size:
+                raise ValueError(f"sink gave {d.dtype} x {d.numel()} for {meta} ({size} bytes)")
+            self.dsts[self.begun] = d
+            self.begun += 1
+        return self.dsts[i]
+
+    def received(self, i: int, n: int) -> None:
+        self.remaining[i] -= n
+
+    def finish_ready(self) -> None:
+        while self.ended < len(self.metas) and self.remaining[self.ended] == 0:
+            self.sink.end(self.metas[self.ended], self.dst(self.ended))
+            del self.dsts[self.ended]
+            self.ended += 1
+
+
+class ReceiveWindow:
+    """The receives posted ahead of the one being completed: up to `max_inflight` messages, at
+    most two of them into bucket buffers. A message holding one tensor's range, whose sink buffer
+    is on the group's device, is received straight into that buffer (`direct`)."""
+
+    def __init__(
+        self,
+        group: Group,
+        src: int,
+        timeout: float | None,
+        device: torch.device,
+        msgs: Sequence[Sequence[tuple[int, int, int]]],
+        cursor: SinkCursor,
+        buf_size: int,
+        max_inflight: int,
+    ):
+        self.group, self.src, self.timeout, self.device = group, src, timeout, device
+        self.msgs, self.cursor, self.buf_size, self.max_inflight = msgs, cursor, buf_size, max_inflight
+        self.free: list[torch.Tensor] = []
+        self.allocated = 0
+        self.works: dict[int, tuple[Any, torch.Tensor | None]] = {}
+        self.next_post = 0
+
+    def direct(self, m: int) -> bool:
+        return len(self.msgs[m]) == 1 and self.cursor.dst(self.msgs[m][0][0]).device == self.device
+
+    def can_post(self, m: int) -> bool:
+        return self.direct(m) or bool(self.free) or self.allocated < 2
+
+    def post(self, m: int) -> tuple[Any, torch.Tensor | None]:
+        msg = self.msgs[m]
+        if self.direct(m):
+            i, off, n = msg[0]
+            return _bcast(self.group, self.cursor.dst(i)[off : off + n], self.src, self.timeout), None
+        if not self.free:
+            self.free.append(torch.empty(self.buf_size, dtype=torch.uint8, device=self.device))
+            self.allocated += 1
+        buf = self.free.pop()
+        return _bcast(self.group, buf[: sum(n for _, _, n in msg)], self.src, self.timeout), buf
+
+    def post_ahead(self) -> None:
+        while (
+            self.next_post < len(self.msgs)
+            and len(self.works) < self.max_inflight
+            and self.can_post(self.next_post)
+        ):
+            self.works[self.next_post] = self.post(self.next_post)
+            self.next_post += 1
+
+    def complete(self, m: int) -> None:
+        """Wait for message `m`, scatter it out of its bucket buffer (if it used one), count its
+        bytes in and free the buffer."""
+        work, buf = self.works.pop(m)
+        complete(work, self.timeout, self.device)
+        pos = 0
+        for i, off, n in self.msgs[m]:
+            if buf is not None:
+                self.cursor.dst(i)[off : off + n].copy_(buf[pos : pos + n])
+            pos += n
+            self.cursor.received(i, n)
+        if buf is not None:
+            self.free.append(buf)
+
+
 def receive_broadcast(
     sink: Sink,
     group: Group,
@@ -372,93 +537,33 @@ def receive_broadcast(
     max_inflight: int = DEFAULT_MAX_INFLIGHT,
     device: torch.device | str = "cpu",
 ) -> SyncStats:
-    """The receiving side of `bucketed_broadcast` (the message plan comes with the header). Receives are posted up
-    to `max_inflight` messages ahead (at most two of them into bucket buffers); a message holding one tensor's range is received straight into the sink's
-    buffer for it (the model's own parameter when dtypes match), packed ones into one of two
-    bucket buffers and scattered."""
+    """The receiving side of `bucketed_broadcast` (the message plan comes with the header).
+    Receives are posted up to `max_inflight` messages ahead (at most two of them into bucket
+    buffers); a message holding one tensor's range is received straight into the sink's buffer
+    for it (the model's own parameter when dtypes match), packed ones into one of two bucket
+    buffers and scattered."""
     t0 = time.perf_counter()
     dev = torch.device(device)
     metas, version, (bucket_bytes, pack_below) = _recv_header(group, src, timeout, dev)
-    sizes = [m.nbytes for m in metas]
-    total = sum(sizes)
-    msgs = plan_messages(sizes, bucket_bytes, pack_below)
-    buf_size = min(bucket_bytes, total)
-    remaining = list(sizes)
-    dsts: dict[int, torch.Tensor] = {}
-    begun, ended = 0, 0
-    free: list[torch.Tensor] = []
-    allocated = 0
-
-    def dst(i: int) -> torch.Tensor:
-        nonlocal begun
-        while begun <= i:
-            d = sink.begin(metas[begun])
-            if d.dtype != torch.uint8 or d.numel() != sizes[begun]:
-                raise ValueError(
-                    f"sink gave {d.dtype} x {d.numel()} for {metas[begun]} ({sizes[begun]} bytes)"
-                )
-            dsts[begun] = d
-            begun += 1
-        return dsts[i]
-
-    def finish_ready() -> None:
-        nonlocal ended
-        while ended < len(metas) and remaining[ended] == 0:
-            sink.end(metas[ended], dst(ended))
-            del dsts[ended]
-            ended += 1
-
-    def direct(m: int) -> bool:  # one tensor's range, and the sink's buffer is on the group's device
-        return len(msgs[m]) == 1 and dst(msgs[m][0][0]).device == dev
-
-    def can_post(m: int) -> bool:
-        return direct(m) or bool(free) or allocated < 2
-
-    def post(m: int) -> tuple[Any, torch.Tensor | None]:
-        nonlocal allocated
-        msg = msgs[m]
-        if direct(m):
-            i, off, n = msg[0]
-            return _bcast(group, dst(i)[off : off + n], src, timeout), None
-        if not free:
-            free.append(torch.empty(buf_size, dtype=torch.uint8, device=dev))
-            allocated += 1
-        buf = free.pop()
-        return _bcast(group, buf[: sum(n for _, _, n in msg)], src, timeout), buf
-
-    works: dict[int, tuple[Any, torch.Tensor | None]] = {}
-    next_post = 0
-
-    def post_ahead() -> None:
-        nonlocal next_post
-        while next_post < len(msgs) and len(works) < max_inflight and can_post(next_post):
-            works[next_post] = post(next_post)
-            next_post += 1
-
-    post_ahead()
-    for m, msg in enumerate(msgs):
-        work, buf = works.pop(m)
-        complete(work, timeout, dev)
-        pos = 0
-        for i, off, n in msg:
-            if buf is not None:
-                dst(i)[off : off + n].copy_(buf[pos : pos + n])
-            pos += n
-            remaining[i] -= n
-        if buf is not None:
-            free.append(buf)
-        finish_ready()
+    total = sum(m.nbytes for m in metas)
+    msgs = plan_messages([m.nbytes for m in metas], bucket_bytes, pack_below)
+    cursor = SinkCursor(sink, metas)
+    window = ReceiveWindow(group, src, timeout, dev, msgs, cursor, min(bucket_bytes, total), max_inflight)
+    window.post_ahead()
+    for m in range(len(msgs)):
+        window.complete(m)
+        cursor.finish_ready()
         if on_bucket is not None:
             on_bucket(m)
-        post_ahead()
-    finish_ready()
+        window.post_ahead()
+    cursor.finish_ready()
     return SyncStats(
         tensors=len(metas),
         bytes=total,
         buckets=len(msgs),
         seconds=time.perf_counter() - t0,
         version=version,
-        peak_extra_bytes=allocated * buf_size,
+        peak_extra_bytes=window.allocated * window.buf_size,
     )
 
 

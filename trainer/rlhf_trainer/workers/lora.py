@@ -39,7 +39,7 @@ _BASE_PART = re.compile(r"^(?P<module>.+)\.base_layer\.(?P<param>weight|bias)$")
 
 
 def lora_config(rank: int, alpha: float, dropout: float, target_modules: list[str]) -> Any:
-    """The `peft.LoraConfig` of `spec.model.lora` (fields as in `spec.LoraSpec`)."""
+    """The `peft.LoraConfig` of `spec.model.lora` (fields as in `rlhf_api.sections.LoraSpec`)."""
     from peft import LoraConfig
 
     targets: str | list[str] = "all-linear" if target_modules == ["all-linear"] else list(target_modules)

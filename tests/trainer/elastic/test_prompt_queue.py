@@ -6,7 +6,7 @@ import random
 import threading
 import time
 
-from rlhf_trainer.sync import PromptQueue
+from rlhf_trainer.fleet.queue import PromptQueue
 
 
 def test_requeue_goes_first_and_late_acks_are_refused() -> None:

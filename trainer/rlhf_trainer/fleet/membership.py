@@ -7,9 +7,9 @@ pod `i` (its replica-index label); locally it is a position in the row. Replica 
 (`rollout-<serial>`) are never reused, so a replacement in slot 1 is a new member of the sync
 group and the prompt queue, not the ghost of the old one.
 
-One interface, two implementations, chosen once at start (`fleet.membership_source`):
+One interface, two implementations, chosen once at start (`elastic.membership_source`):
 
-    PolicyMembership                          ClusterMembership (sync.cluster_membership)
+    PolicyMembership                          ClusterMembership (fleet.cluster_membership)
     `rlhf run`                                `rlhf controller` in the job's controller pod
     the autoscaling policy decides,           the operator decides (its autoscaler, `kubectl
       every periodSeconds, from the             scale`, HPA, KEDA); the pod follows

@@ -6,8 +6,8 @@ It composes three parts, each its own module:
   `plan_change` says which replicas leave, which slots get a new one;
 * prompt leasing (`leasing`): the step's prompts spread over the members through a `PromptQueue`,
   requeued from a replica that leaves or dies, never dropped;
-* weight push (`push`): the membership-generation `SyncGroup` rebuilt on every change and the
-  bucketed broadcast from the actor to every member.
+* weight push (`rlhf_trainer.sync.push`): the membership-generation `SyncGroup` rebuilt on every
+  change and the bucketed broadcast from the actor to every member.
 
     fleet = RolloutFleet.start(actor_workers, launcher, source, options)  # members join gen 1
     # each step:
@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rlhf_api import contract
+from rlhf_trainer.sync.push import SyncRecord, SyncStart, WeightPush
 
 from .leasing import PromptLeasing
 from .membership import MembershipSource, PolicyMembership, Target, matches, plan_change
-from .push import SyncRecord, SyncStart, WeightPush
 
 if TYPE_CHECKING:
     from rlhf_api.job import JobSpec

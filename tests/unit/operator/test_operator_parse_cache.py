@@ -1,4 +1,4 @@
-"""`jobs.parse`: the spec's parse (schema and CEL rules) once per distinct job, not once per pass."""
+"""`parse_cache.parse`: the spec's parse (schema and CEL rules) once per distinct job, not once per pass."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from operator_helpers import job
 
 from rlhf_api import loader
 from rlhf_api.fields import SpecError
-from rlhf_operator import crd, jobs, kube
+from rlhf_operator import crd, kube, parse_cache
 
 
 @pytest.fixture
@@ -22,8 +22,8 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         calls.append(doc)
         return real(doc, old, admitted=admitted)
 
-    monkeypatch.setattr(jobs, "parse_job", parse_job)
-    jobs.clear()
+    monkeypatch.setattr(parse_cache, "parse_job", parse_job)
+    parse_cache.clear()
     return calls
 
 
@@ -31,43 +31,43 @@ def test_an_unchanged_job_is_parsed_once_whatever_its_status_and_resource_versio
     counted: list[dict[str, Any]],
 ) -> None:
     body = job()
-    first = jobs.parse(body)
+    first = parse_cache.parse(body)
     later = copy.deepcopy(body)
     later["status"] = {"phase": "Running"}
     later["metadata"]["resourceVersion"] = "99"
     later["metadata"]["managedFields"] = [{"manager": "rlhf-operator"}]
-    assert jobs.parse(later) is first
+    assert parse_cache.parse(later) is first
     assert len(counted) == 1 and "status" not in counted[0]
 
 
 def test_a_changed_spec_is_parsed_again(counted: list[dict[str, Any]]) -> None:
     body = job()
-    jobs.parse(body)
+    parse_cache.parse(body)
     scaled = copy.deepcopy(body)
     scaled["spec"]["roles"]["rollout"]["replicas"] = 3
-    assert jobs.parse(scaled).spec.roles.rollout.replicas == 3
+    assert parse_cache.parse(scaled).spec.roles.rollout.replicas == 3
     assert len(counted) == 2
 
 
 def test_an_invalid_spec_is_remembered_with_its_errors(counted: list[dict[str, Any]]) -> None:
     bad = job(failurePolicy={"maxRestarts": -1})
     with pytest.raises(SpecError) as first:
-        jobs.parse(bad)
+        parse_cache.parse(bad)
     with pytest.raises(SpecError) as second:
-        jobs.parse(copy.deepcopy(bad))
+        parse_cache.parse(copy.deepcopy(bad))
     assert first.value.errors == second.value.errors and first.value.errors
     assert len(counted) == 1
 
 
 def test_one_entry_per_job_dropped_when_forgotten(counted: list[dict[str, Any]]) -> None:
     body = job()
-    jobs.parse(body)
+    parse_cache.parse(body)
     scaled = copy.deepcopy(body)
     scaled["spec"]["roles"]["rollout"]["replicas"] = 3
-    jobs.parse(scaled)
-    assert len(jobs._parsed) == 1  # the job's latest parse only
-    jobs.forget("ns", "j")
-    jobs.parse(scaled)
+    parse_cache.parse(scaled)
+    assert len(parse_cache._parsed) == 1  # the job's latest parse only
+    parse_cache.forget("ns", "j")
+    parse_cache.parse(scaled)
     assert len(counted) == 3
 
 
@@ -83,21 +83,21 @@ def ppo_without_critic() -> dict[str, Any]:
 
 
 def test_admitted_skips_only_the_crd_rules_the_api_server_enforced() -> None:
-    jobs.clear()
+    parse_cache.clear()
     with pytest.raises(SpecError) as refused:
-        jobs.parse(ppo_without_critic())
+        parse_cache.parse(ppo_without_critic())
     assert any("critic" in e for e in refused.value.errors)
-    assert jobs.parse(ppo_without_critic(), admitted=True).spec.algorithm.name == "ppo"
+    assert parse_cache.parse(ppo_without_critic(), admitted=True).spec.algorithm.name == "ppo"
     # The typed loader's own checks still run on an admitted job.
     with pytest.raises(SpecError):
-        jobs.parse(job(failurePolicy={"maxRestarts": "two"}), admitted=True)
+        parse_cache.parse(job(failurePolicy={"maxRestarts": "two"}), admitted=True)
 
 
 def test_a_parse_is_not_reused_across_modes(counted: list[dict[str, Any]]) -> None:
     body = ppo_without_critic()
-    jobs.parse(body, admitted=True)
+    parse_cache.parse(body, admitted=True)
     with pytest.raises(SpecError):  # the installed CRD changed: every rule evaluated again
-        jobs.parse(body, admitted=False)
+        parse_cache.parse(body, admitted=False)
     assert len(counted) == 2
 
 
@@ -111,12 +111,12 @@ class Clock:
 
 def installed(
     annotations: dict[str, str] | None, reads: list[int], clock: Clock | None = None
-) -> jobs.InstalledRules:
+) -> parse_cache.InstalledRules:
     def read() -> dict[str, str] | None:
         reads.append(1)
         return annotations
 
-    return jobs.InstalledRules(read, recheck_seconds=60, clock=clock or Clock())
+    return parse_cache.InstalledRules(read, recheck_seconds=60, clock=clock or Clock())
 
 
 def test_the_rules_are_enforced_only_when_the_installed_crd_carries_this_operators_digest() -> None:
@@ -132,7 +132,7 @@ def test_a_crd_that_cannot_be_read_means_every_rule_is_evaluated() -> None:
     def forbidden() -> dict[str, str] | None:
         raise kube.Rejected("GET: HTTP 403: forbidden", 403, "forbidden")
 
-    assert not jobs.InstalledRules(forbidden).enforced()
+    assert not parse_cache.InstalledRules(forbidden).enforced()
 
 
 def test_the_installed_crd_is_read_again_after_the_recheck_period(caplog: pytest.LogCaptureFixture) -> None:
@@ -162,9 +162,9 @@ def test_a_failed_read_is_retried_soon_not_after_the_recheck_period() -> None:
             raise kube.Retry("GET: connection refused")
         return {crd.SCHEMA_DIGEST_ANNOTATION: crd.expected_schema_digest()}
 
-    rules = jobs.InstalledRules(read, recheck_seconds=60, clock=clock)
+    rules = parse_cache.InstalledRules(read, recheck_seconds=60, clock=clock)
     assert not rules.enforced()
-    clock.t = jobs.RETRY_SECONDS
+    clock.t = parse_cache.RETRY_SECONDS
     assert rules.enforced()
     clock.t += 59
     assert rules.enforced() and len(calls) == 2
@@ -183,7 +183,7 @@ def test_a_slow_crd_read_holds_up_no_other_pass() -> None:
         release.wait(30)
         return {crd.SCHEMA_DIGEST_ANNOTATION: crd.expected_schema_digest()}
 
-    rules = jobs.InstalledRules(slow, recheck_seconds=60, clock=clock)
+    rules = parse_cache.InstalledRules(slow, recheck_seconds=60, clock=clock)
     reader = threading.Thread(target=rules.enforced, daemon=True)
     reader.start()
     assert started.wait(30)
