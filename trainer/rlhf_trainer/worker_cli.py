@@ -244,8 +244,14 @@ def supervise_ray_start(
 
 def wait_until_gone(host: str, port: int, *, poll: float = 0.5, log: Callable[[str], None] = _say) -> float:
     """Block until `host:port` stops accepting TCP (the controller exited with its Ray head);
-    returns the seconds waited. Unbounded: the kubelet's SIGKILL ends the grace period."""
+    returns the seconds waited. Unbounded: the kubelet's SIGKILL ends the grace period. The name
+    is resolved once: the next attempt's controller pod takes the same DNS name, and its new head
+    must not keep this pod waiting."""
     start = time.monotonic()
+    try:
+        host = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)[0][4][0]
+    except OSError:  # no record any more: the head's pod is gone
+        return 0.0
     while probe(host, port, connect_timeout=min(CONNECT_TIMEOUT_S, poll * 2)) is None:
         time.sleep(poll)
     waited = time.monotonic() - start
