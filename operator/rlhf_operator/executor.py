@@ -35,6 +35,7 @@ from rlhf_operator import (
     stuck_pods,
     tenant_limits,
 )
+from rlhf_operator.reconcile import Event, Plan
 from rlhf_operator.status import FINISHED, rfc3339
 from rlhf_trainer.autoscale import MetricError, MetricSource
 from rlhf_trainer.spec import SpecError
@@ -362,7 +363,7 @@ class Executor:
         return Outcome(requeue_after=plan.requeue_after, invalid=plan.invalid, phase=plan.status.get("phase"))
 
     def _force_delete_stuck(
-        self, body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime, plan: reconcile.Plan
+        self, body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime, plan: Plan
     ) -> None:
         """The job's pods stuck Terminating on a node that is not Ready (`stuck_pods`): deleted
         with no grace, so the names the next attempt needs are free again."""
@@ -371,7 +372,7 @@ class Executor:
         for s in stuck:
             self.kube.delete(s.pod, grace_period_seconds=0)
             metrics.PODS_DELETED.inc()
-            plan.events.append(reconcile.Event("Warning", "PodForceDeleted", s.message))
+            plan.events.append(Event("Warning", "PodForceDeleted", s.message))
         if stuck:
             plan.requeue(1.0)  # the names are free: create the next attempt's pods soon
         if wake is not None:

@@ -52,7 +52,7 @@ from test_realnode_job import (  # noqa: F401  (fixtures)
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode, pytest.mark.timeout(1500)]
 
 JOB = "rn-faults"
-STEPS = 400
+STEPS = 100
 CHECKPOINT_EVERY = 10
 
 

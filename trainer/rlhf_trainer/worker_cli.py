@@ -215,7 +215,12 @@ def supervise_ray_start(
             send(signum)
         elif not already:
             log("SIGTERM: keeping this pod's Ray node until the job's Ray head is gone (its checkpoint)")
-            threading.Thread(target=lambda: (hold(), send(signum)), daemon=True).start()
+
+            def release() -> None:
+                hold()
+                send(signum)
+
+            threading.Thread(target=release, daemon=True).start()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
@@ -249,10 +254,10 @@ def wait_until_gone(host: str, port: int, *, poll: float = 0.5, log: Callable[[s
     must not keep this pod waiting."""
     start = time.monotonic()
     try:
-        host = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)[0][4][0]
+        address = str(socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)[0][4][0])
     except OSError:  # no record any more: the head's pod is gone
         return 0.0
-    while probe(host, port, connect_timeout=min(CONNECT_TIMEOUT_S, poll * 2)) is None:
+    while probe(address, port, connect_timeout=min(CONNECT_TIMEOUT_S, poll * 2)) is None:
         time.sleep(poll)
     waited = time.monotonic() - start
     log(f"the Ray head at {host}:{port} is gone after {waited:.1f} s; stopping this pod's Ray node")
