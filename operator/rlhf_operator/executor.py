@@ -35,8 +35,10 @@ from rlhf_operator import (
     ownership,
     parse_cache,
     reconcile,
+    stuck_pods,
     tenant_limits,
 )
+from rlhf_operator.reconcile import Event, Plan
 from rlhf_operator.status import rfc3339
 
 log = logging.getLogger("rlhf_operator")
@@ -329,6 +331,7 @@ class Executor:
         for pod in plan.delete:
             self.kube.delete(pod)
             metrics.PODS_DELETED.inc()
+        self._force_delete_stuck(body, pods, now, plan)
         attempted = bool(plan.create) and rejection is None
         if attempted:
             done = create_all(_test_pause_gate(self.kube.create), plan.create, self._create_pool, _created)
@@ -359,6 +362,22 @@ class Executor:
             self.kube.delete(body)
             return Outcome(gone=True)
         return Outcome(requeue_after=plan.requeue_after, invalid=plan.invalid, phase=plan.status.get("phase"))
+
+    def _force_delete_stuck(
+        self, body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime, plan: Plan
+    ) -> None:
+        """The job's pods stuck Terminating on a node that is not Ready (`stuck_pods`): deleted
+        with no grace, so the names the next attempt needs are free again."""
+        owned = ownership.split(pods, body["metadata"].get("uid", ""))[0]
+        stuck, wake = stuck_pods.find(owned, now, lambda node: self.kube.get_path(f"/api/v1/nodes/{node}"))
+        for s in stuck:
+            self.kube.delete(s.pod, grace_period_seconds=0)
+            metrics.PODS_DELETED.inc()
+            plan.events.append(Event("Warning", "PodForceDeleted", s.message))
+        if stuck:
+            plan.requeue(1.0)  # the names are free: create the next attempt's pods soon
+        if wake is not None:
+            plan.requeue(wake)
 
     def _pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
         """The job's pods: from the watch-fed cache, or a LIST that seeds it (first pass of the

@@ -227,14 +227,17 @@ class Kube:
             if err.code != 422:
                 raise
 
-    def delete(self, obj: dict[str, Any]) -> None:
-        """Delete `obj` if it is still the same object (uid precondition); gone already is fine."""
+    def delete(self, obj: dict[str, Any], grace_period_seconds: int | None = None) -> None:
+        """Delete `obj` if it is still the same object (uid precondition); gone already is fine.
+        `grace_period_seconds=0` force-deletes (no kubelet confirmation: `stuck_pods`)."""
         meta = obj["metadata"]
         body: dict[str, Any] = {
             "kind": "DeleteOptions",
             "apiVersion": "v1",
             "propagationPolicy": "Background",
         }
+        if grace_period_seconds is not None:
+            body["gracePeriodSeconds"] = grace_period_seconds
         if meta.get("uid"):
             body["preconditions"] = {"uid": meta["uid"]}
         with contextlib.suppress(LookupError, Conflict):

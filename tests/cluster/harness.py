@@ -844,9 +844,18 @@ def kwokctl_config(assets: Path, options: dict[str, Any] | None = None, pki_dir:
                 ],
             },
             {"name": "kube-apiserver", "extraArgs": apiserver_args},
+            # One instance of each, so no leader election: with it, a lease renewal that misses its
+            # 10 s deadline (etcd or the API server starved on a loaded machine) makes the scheduler
+            # and the controller-manager exit for good, and from then on no new pod is scheduled
+            # while the running ones go on (seen on the real node: a scaled-up rollout pod Pending
+            # for good, then the next job's pods too).
+            {"name": "kube-scheduler", "extraArgs": [{"key": "leader-elect", "value": "false"}]},
             {
                 "name": "kube-controller-manager",
-                "extraArgs": [{"key": "service-cluster-ip-range", "value": SERVICE_CIDR}],
+                "extraArgs": [
+                    {"key": "service-cluster-ip-range", "value": SERVICE_CIDR},
+                    {"key": "leader-elect", "value": "false"},
+                ],
             },
         ],
     }

@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 import yaml
-from harness import Cluster, ClusterError, assets_dir, pinned_versions, wait_for
+from harness import Cluster, ClusterError, assets_dir, helm_capabilities, wait_for
 from realnode import NODE_NAME, POOL, POOL_LABEL, TAINT_KEY, TOLERATION
 from test_operator_e2e import CHART, installed  # noqa: F401  (installed is a fixture)
 
@@ -75,11 +75,7 @@ def _render_operator(images: dict[str, str], namespace: str, operator_ns: str) -
         str(CHART),
         "--namespace",
         operator_ns,
-        # The harness's version only, as in the last green clean-clone run: with the status-writers
-        # policy rendered too (helm_capabilities), the scale test failed once (2026-12-04: the third
-        # rollout replica never joined Ray; cause not traced, the machine was loaded). Open.
-        "--kube-version",
-        pinned_versions()["kubernetes"],
+        *helm_capabilities(),  # as `helm install` would learn from the API server (status policy on)
         "-f",
         str(CHART / "ci" / "realnode-values.yaml"),
         "--set",
@@ -250,11 +246,32 @@ class Job:
         try:
             return wait_for(predicate, timeout=timeout, interval=0.5, what=f"{self.name}: {what}")
         except ClusterError as err:
-            pods = self.kubectl("get", "pods", "-o", "wide", check=False)
-            tail = self.controller_log("--tail=30")
-            raise ClusterError(
-                f"{err}\nstatus: {json.dumps(self.status())[:1500]}\n{pods}\ncontroller log:\n{tail}"
-            ) from err
+            raise ClusterError(f"{err}\n{self.diagnostics()}") from err
+
+    def diagnostics(self) -> str:
+        """What a failed wait prints: status, pods, the namespace's events, the controller's log."""
+        pods = self.kubectl("get", "pods", "-o", "wide", check=False)
+        events = self.kubectl("get", "events", "--sort-by=.lastTimestamp", check=False)
+        tail = self.controller_log("--tail=40")
+        return (
+            f"status: {json.dumps(self.status())[:1500]}\n{pods}\nevents:\n{events[-4000:]}\n"
+            f"{node_state(self.cluster)}\ncontroller log:\n{tail}"
+        )
+
+
+def node_state(cluster: Cluster) -> str:
+    """The real node's taints and conditions: a pod that stays Pending while the node has room is
+    behind a NoSchedule taint the kubelet's pressure signals or a missed heartbeat put there."""
+    try:
+        node = cluster.request("GET", f"/api/v1/nodes/{NODE_NAME}")
+    except Exception as err:  # a diagnostic must not hide the failure it explains
+        return f"node {NODE_NAME}: cannot read ({err})"
+    taints = [f"{t['key']}:{t['effect']}" for t in (node.get("spec") or {}).get("taints") or []]
+    conditions = [
+        f"{c['type']}={c['status']} ({c.get('reason', '')}, since {c.get('lastTransitionTime')})"
+        for c in (node.get("status") or {}).get("conditions") or []
+    ]
+    return f"node {NODE_NAME}: taints {taints}; conditions {'; '.join(conditions)}"
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Every cross-field rule of the API is written once, as CEL, and each is proven both ways.
 
 The rules are the `CEL_RULES` of the spec's dataclasses and of the built-in algorithms' params
-(`rlhf_api.algorithm_params.cel_rules`). The API server evaluates them from the CRD; `rlhf
+(`rlhf_api.algorithm_schema.cel_rules`). The API server evaluates them from the CRD; `rlhf
 validate`, `rlhf run` and the operator's loader evaluate the same expressions (`rlhf_api.admission`,
 `rlhf_api.cel`); there is no Python twin of any of them (the loader converts types and nothing
 else; the one Python-only check left, `AlgorithmSpec.check`, is of the free-form `customParams`
@@ -23,7 +23,7 @@ import pytest
 from admission_cases import CREATE_CASES, base, variant
 
 import rlhf_api
-from rlhf_api import admission, algorithm_params, cel, fields, job, pods, roles, sections
+from rlhf_api import admission, algorithm_params, algorithm_schema, cel, fields, job, pods, roles, sections
 
 SPEC_MODULES = (fields, pods, sections, roles, job)
 
@@ -47,8 +47,8 @@ def cross_field_rules() -> dict[str, str]:
             if dataclasses.is_dataclass(cls) and cls.__module__ == module.__name__:
                 for entry in cls.__dict__.get("CEL_RULES", []):
                     found.setdefault(entry[0], f"{module.__name__}.{name}")
-    for entry in algorithm_params.cel_rules():
-        found.setdefault(entry[0], "algorithm_params.cel_rules")
+    for entry in algorithm_schema.cel_rules():
+        found.setdefault(entry[0], "algorithm_schema.cel_rules")
     return found
 
 

@@ -225,3 +225,69 @@ def test_attempts_are_bounded() -> None:
     )
     assert rc == 1 and len(started) == 2
     assert lines[-1] == "ray start failed 2 times before its node started (exit 1); giving up"
+
+
+# -- SIGTERM: held until the job's Ray head is gone (the controller checkpoints with this pod) -----
+
+
+def test_sigterm_reaches_ray_only_once_the_head_is_gone(late_head: int) -> None:
+    """A stand-in `ray start --block` that exits on SIGTERM; the 'head' listens from 1.5 s on. The
+    SIGTERM arrives at once, but reaches the child only after the head stopped listening."""
+    import os
+    import signal
+
+    head_up = threading.Event()
+    head_gone = threading.Event()
+    times: dict[str, float] = {}
+    script = (
+        "import signal, sys, time\n"
+        f"print({worker_cli.RAY_STARTED!r}, flush=True)\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
+        "time.sleep(60)\n"
+    )
+
+    def popen(cmd: Sequence[str], **kw: object):
+        import subprocess
+        import sys
+
+        return subprocess.Popen([sys.executable, "-c", script], **kw)  # type: ignore[call-overload]
+
+    def hold() -> None:
+        worker_cli.wait_for_head("127.0.0.1", late_head, 10, log=lambda _: None, poll=0.05)
+        head_up.set()
+        head_gone.wait(10)  # the fixture's listener closes when the test ends: say "gone" here
+        times["released"] = time.monotonic()
+
+    def terminate_then_stop_the_head() -> None:
+        time.sleep(0.5)
+        times["sigterm"] = time.monotonic()
+        os.kill(os.getpid(), signal.SIGTERM)
+        head_up.wait(10)
+        time.sleep(0.5)
+        head_gone.set()
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    lines: list[str] = []
+    threading.Thread(target=terminate_then_stop_the_head, daemon=True).start()
+    try:
+        rc = worker_cli.supervise_ray_start(["ray"], 1, log=lines.append, popen=popen, hold=hold)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    ended = time.monotonic()
+    assert rc == 143
+    assert times["released"] - times["sigterm"] >= 1.0  # held while the head still answered
+    assert ended >= times["released"]
+    assert any("until the job's Ray head is gone" in line for line in lines)
+
+
+def test_wait_until_gone_returns_once_the_port_closes() -> None:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    threading.Timer(0.6, srv.close).start()
+    lines: list[str] = []
+    waited = worker_cli.wait_until_gone("127.0.0.1", port, poll=0.05, log=lines.append)
+    assert 0.4 <= waited < 5
+    assert lines and "is gone after" in lines[0]

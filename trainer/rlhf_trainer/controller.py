@@ -37,6 +37,7 @@ from rlhf_trainer.dataflow.context import TrainerContext, timed
 from rlhf_trainer.dataflow.phases import evaluate, reshard_if_needed, sample_rows, sync_weights
 from rlhf_trainer.fleet.elastic import ElasticOptions
 from rlhf_trainer.startup import Run, RunError, StatusCallback, resolve_spec, setup, teardown, trained_roles
+from rlhf_trainer.preemption import Preempted, Preemption
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +89,17 @@ def run(
     ray_address: str | None = None,
     on_status: StatusCallback | None = None,
     elastic: ElasticOptions | None = None,
+    preemption: Preemption | None = None,
 ) -> Summary:
     """Run `job` to its last step (resuming from the latest checkpoint) and return the summary.
     `elastic`: the disaggregated rollout fleet's membership source and hooks (clock, signal, sync
-    checks; see `fleet.elastic.ElasticOptions`)."""
+    checks; see `fleet.elastic.ElasticOptions`). `preemption`: installed once Ray is up; on SIGTERM
+    the step in progress is checkpointed and `Preempted` raised (`preemption`)."""
     started = time.perf_counter()
     spec = resolve_spec(job.spec, Path(manifest_dir), steps)
     r = setup(job.metadata_name, spec, run_dir, resume, ray_address, on_status, elastic)
+    if preemption is not None:
+        preemption.install()  # after ray.init, whose driver sets its own SIGTERM handler
     if r.start_step >= spec.training.steps:
         print(f"all {spec.training.steps} steps are done already (--no-resume starts over)", file=sys.stderr)
     try:
@@ -115,6 +120,8 @@ def run(
             log_step(r, step, metrics, evaluated)
             # checkpoint
             save_checkpoint_if_due(r, step + 1)
+            if preemption is not None and preemption.requested and step + 1 < spec.training.steps:
+                stop_on_preemption(r, step + 1, preemption)
         model = export_final(r)
         summary = finish(r, time.perf_counter() - started)
         summary.model = model
@@ -199,6 +206,17 @@ def log_step(
 def save_checkpoint_if_due(r: Run, done: int) -> None:
     if due(done, r.ctx.spec.checkpoint.every, r.ctx.spec.training.steps):
         save_checkpoint(r, done)
+
+
+def stop_on_preemption(r: Run, done: int, preemption: Preemption) -> None:
+    """SIGTERM arrived during the step just done: its checkpoint (unless the periodic one was
+    just written), then `Preempted`."""
+    spec = r.ctx.spec
+    if due(done, spec.checkpoint.every, spec.training.steps):
+        path = r.checkpoint_dir / checkpoint.step_name(done)
+    else:
+        path = save_checkpoint(r, done)
+    raise Preempted(done, path, preemption.elapsed())
 
 
 def save_checkpoint(r: Run, done: int) -> Path:

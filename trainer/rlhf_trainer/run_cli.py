@@ -91,6 +91,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     if rc := gpu_preflight.exit_code_for_job(job.spec):  # GPU roles on this machine: its driver first
         return rc
+    from rlhf_trainer.preemption import Preemption
+
     return _run(
         job,
         Path(args.manifest).resolve().parent,
@@ -98,6 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.run_dir,
         not args.no_resume,
         args.ray_address,
+        preemption=Preemption(),  # SIGTERM: checkpoint the step in progress, exit 143
     )
 
 
@@ -110,10 +113,12 @@ def _run(
     ray_address: str | None,
     on_status: Any = None,
     membership: Any = None,
+    preemption: Any = None,
 ) -> int:
     from rlhf_api.job import dropped_role_notes
     from rlhf_trainer import controller
     from rlhf_trainer.fleet.elastic import ElasticOptions
+    from rlhf_trainer.preemption import EXIT_CODE, Preempted
 
     for line in dropped_role_notes(job.spec):
         print(f"note: {line}", file=sys.stderr)
@@ -132,7 +137,11 @@ def _run(
             ray_address=ray_address,
             on_status=on_status,
             elastic=ElasticOptions(membership=membership) if membership is not None else None,
+            preemption=preemption,
         )
+    except Preempted as stopped:
+        print(f"{job.metadata_name}: {stopped}", file=sys.stderr)
+        return EXIT_CODE
     except KeyboardInterrupt:
         print("interrupted; the next `rlhf run` resumes from the latest checkpoint", file=sys.stderr)
         return 130
@@ -176,7 +185,10 @@ def cmd_controller(args: argparse.Namespace) -> int:
     ray_address = prepare_controller_pod(job, args.ray_address)
     # Relative spec paths resolve against the working directory (the pod's /workspace,
     # contract.POD_WORKSPACE_DIR), not against the read-only folder the spec is mounted in.
-    return _run(job, Path.cwd(), None, args.run_dir, True, ray_address, reporter, membership)
+    from rlhf_trainer.preemption import Preemption
+
+    # SIGTERM (a preemption, a drain, the gang's restart) checkpoints the step in progress.
+    return _run(job, Path.cwd(), None, args.run_dir, True, ray_address, reporter, membership, Preemption())
 
 
 def follow_operator(job: Any) -> Any:

@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -193,19 +194,34 @@ def supervise_ray_start(
     popen: Callable[..., Any] = subprocess.Popen,
     cleanup: Callable[[], object] | None = None,
     pause: float = RETRY_PAUSE_S,
+    hold: Callable[[], object] | None = None,
 ) -> int:
     """Runs `cmd` (`ray start --block ...`), echoing its output, until it exits; returns its exit
     code. An attempt that fails before `RAY_STARTED` is printed is tried again, up to `attempts`,
     after `cleanup` (`ray stop --force`: what the failed attempt left). SIGTERM and SIGINT go to
-    the running `ray start`, and stop the retries."""
+    the running `ray start`, and stop the retries. With `hold`, a SIGTERM reaches it only once
+    `hold()` returns (run in a thread): the controller checkpoints on SIGTERM (`preemption`)
+    with this pod's Ray workers, so they stay until its Ray head is gone."""
     stopping = False
     proc: Any = None
 
-    def forward(signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
+    def send(signum: int) -> None:
         if proc is not None and proc.poll() is None:
             proc.send_signal(signum)
+
+    def forward(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        already, stopping = stopping, True
+        if hold is None or signum != signal.SIGTERM:
+            send(signum)
+        elif not already:
+            log("SIGTERM: keeping this pod's Ray node until the job's Ray head is gone (its checkpoint)")
+
+            def release() -> None:
+                hold()
+                send(signum)
+
+            threading.Thread(target=release, daemon=True).start()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
@@ -230,6 +246,23 @@ def supervise_ray_start(
         time.sleep(pause)
     log(f"ray start failed {attempts} times before its node started (exit {rc}); giving up")
     return rc
+
+
+def wait_until_gone(host: str, port: int, *, poll: float = 0.5, log: Callable[[str], None] = _say) -> float:
+    """Block until `host:port` stops accepting TCP (the controller exited with its Ray head);
+    returns the seconds waited. Unbounded: the kubelet's SIGKILL ends the grace period. The name
+    is resolved once: the next attempt's controller pod takes the same DNS name, and its new head
+    must not keep this pod waiting."""
+    start = time.monotonic()
+    try:
+        address = str(socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)[0][4][0])
+    except OSError:  # no record any more: the head's pod is gone
+        return 0.0
+    while probe(address, port, connect_timeout=min(CONNECT_TIMEOUT_S, poll * 2)) is None:
+        time.sleep(poll)
+    waited = time.monotonic() - start
+    log(f"the Ray head at {host}:{port} is gone after {waited:.1f} s; stopping this pod's Ray node")
+    return waited
 
 
 def _ray_stop() -> None:
@@ -278,7 +311,7 @@ def run_worker(
     try:
         if run is not None:
             return run(cmd, attempts)
-        return supervise_ray_start(cmd, attempts, log=log)
+        return supervise_ray_start(cmd, attempts, log=log, hold=lambda: wait_until_gone(host, port, log=log))
     except OSError as err:
         log(f"cannot run {cmd[0]!r}: {err} (the trainer image must have Ray on PATH)")
         return 1
