@@ -7,7 +7,8 @@ garbage-collects them.
 Pods, one per replica with stable names:
 
 * `<job>-controller`: Ray head plus the single controller (`rlhf controller`), reading the spec
-  from the job's ConfigMap and writing `status.progress` with the job's ServiceAccount;
+  from the job's ConfigMap and writing `status.progress` with the job's ServiceAccount
+  (`identity_name`: the job's name and part of its UID);
 * `<job>-<role>-<i>`: a Ray worker advertising its GPUs and the custom resource
   `rlhf.dev/role-<role>: n`, n the ranks it runs (`contract.ranks_per_pod`: one per GPU for
   actor, critic, reference and reward; one engine per rollout pod), joined to the head through the headless Service `<job>` (`rlhf worker` waits
@@ -117,11 +118,26 @@ def _pool(spec: JobSpec, name: str | None) -> NodePoolSpec | None:
 # --------------------------------------------------------------------------------------------
 
 
+#: Characters of the job's UID in the name of its ServiceAccount, Role and RoleBinding: a job name
+#: of at most `admission.MAX_JOB_NAME` (50) + "-" + 12 is a 63-character DNS label.
+IDENTITY_UID_CHARS = 12
+
+
+def identity_name(job: RLTrainingJob) -> str:
+    """`<job>-<first 12 characters of its UID>`: the name of the job's ServiceAccount, Role and
+    RoleBinding. A UID exists only once the job does, so no tenant can mint the account in advance
+    under a name that some other (dangling, hand-written) RoleBinding names, and a job recreated
+    under the same name never meets its predecessor's account. The chart's status-writers policy
+    matches the controller pod's user by the same rule (templates/rbac/status-writers-policy.yaml)."""
+    uid = str(job.raw.get("metadata", {}).get("uid", ""))
+    return f"{job.metadata_name}-{uid[:IDENTITY_UID_CHARS]}" if uid else job.metadata_name
+
+
 def build_service_account(job: RLTrainingJob) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": _meta(job, job.metadata_name),
+        "metadata": _meta(job, identity_name(job)),
         "automountServiceAccountToken": False,
     }
 
@@ -132,7 +148,7 @@ def build_role(job: RLTrainingJob) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": _meta(job, job.metadata_name),
+        "metadata": _meta(job, identity_name(job)),
         "rules": [
             {
                 "apiGroups": [labels.GROUP],
@@ -154,9 +170,9 @@ def build_role_binding(job: RLTrainingJob) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": _meta(job, job.metadata_name),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": job.metadata_name},
-        "subjects": [{"kind": "ServiceAccount", "name": job.metadata_name, "namespace": job.namespace}],
+        "metadata": _meta(job, identity_name(job)),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": identity_name(job)},
+        "subjects": [{"kind": "ServiceAccount", "name": identity_name(job), "namespace": job.namespace}],
     }
 
 
@@ -444,7 +460,7 @@ def build_pod(
         "restartPolicy": "Never",  # the operator restarts the gang; kubelet restarts would desync ranks
         "hostname": name,
         "subdomain": job.metadata_name,
-        "serviceAccountName": job.metadata_name,
+        "serviceAccountName": identity_name(job),
         # Only the controller pod talks to the API server.
         "automountServiceAccountToken": is_controller,
         "terminationGracePeriodSeconds": 30,

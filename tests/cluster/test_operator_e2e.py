@@ -169,9 +169,9 @@ def test_grpo_job_over_two_pools_end_to_end(
         "grpo-rollout-1",
     ]
     for kind, obj_name in [
-        ("serviceaccount", name),
-        ("role", name),
-        ("rolebinding", name),
+        ("serviceaccount", f"{name}-{uid[:12]}"),
+        ("role", f"{name}-{uid[:12]}"),
+        ("rolebinding", f"{name}-{uid[:12]}"),
         ("secret", f"{name}-ray-token-{uid}"),
         ("configmap", f"{name}-spec"),
         ("service", name),
