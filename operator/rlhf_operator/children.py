@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from rlhf_operator import images, kueue, labels, network_policy, pod_template
+from rlhf_operator import images, kueue, labels, network_policy, pod_identity, pod_template
 from rlhf_trainer import contract
 from rlhf_trainer.spec import JobSpec, NodePoolSpec, RLTrainingJob, roles_in_use, to_dict
 
@@ -34,7 +34,7 @@ CONFIG_DIR = contract.CONFIG_DIR
 RAY_PORT = contract.RAY_PORT
 METRICS_PORT = contract.METRICS_PORT
 RAY_TOKEN_KEY = contract.RAY_TOKEN_KEY
-RUN_AS_USER = 1000
+RUN_AS_USER = pod_identity.DEFAULT_UID
 GPU = "nvidia.com/gpu"
 CONTROLLER_RESOURCES = {"cpu": "1", "memory": "2Gi"}
 #: How long a pod stays on a NotReady/unreachable node before eviction. Kubernetes' default is
@@ -465,13 +465,8 @@ def build_pod(
         "automountServiceAccountToken": is_controller,
         "terminationGracePeriodSeconds": 30,
         "enableServiceLinks": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS_USER,
-            "runAsGroup": RUN_AS_USER,
-            "fsGroup": RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        # uid/gid/fsGroup: the operator's setting (a fixed uid, one per job, or the platform's).
+        "securityContext": pod_identity.security_context(str(job.raw.get("metadata", {}).get("uid", ""))),
         "containers": [container],
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
