@@ -233,7 +233,10 @@ class Executor:
 
     def _patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """`kube.patch_status`, remembering the resourceVersion it produced (`own_write`)."""
-        out = self.kube.patch_status(body, status)
+        return self._remember(self.kube.patch_status(body, status))
+
+    def _remember(self, out: dict[str, Any]) -> dict[str, Any]:
+        """The job as one of this executor's writes left it, its resourceVersion remembered."""
         meta = (out or {}).get("metadata") or {}
         version = meta.get("resourceVersion")
         if version:
@@ -314,6 +317,8 @@ class Executor:
             # One write for the pass and the autoscaler. Conflict: computed from a stale view; retry.
             body = self._patch_status(body, {**plan.status, **(autoscaled or {})})
             self._mark("status")
+        if plan.record is not None:  # the restart record, before any pod of the attempt exists
+            body = self._remember(self.kube.patch_job_annotations(body, plan.record))
         for pod in plan.release:  # before the deletions: Kueue finishes the group once they stop
             try:
                 self.kube.patch_metadata(pod, kueue.RELEASE_PATCH["metadata"])

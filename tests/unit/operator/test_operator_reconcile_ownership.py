@@ -210,7 +210,9 @@ def test_recreated_job_gets_fresh_children_not_its_predecessors() -> None:
     assert cond is not None and cond["reason"] == "NotOwned" and "uid uid-1" in cond["message"]
     # Only the children named from the new UID exist yet (its identity and token); no pod.
     new = {n for (_, n), o in fake.objects.items() if o["metadata"]["ownerReferences"][0]["uid"] == "uid-2"}
-    assert new <= {"j-uid-2", "j-ray-token-uid-2"} and not any(k == "Pod" and n in new for k, n in fake.objects)
+    assert new <= {"j-uid-2", "j-ray-token-uid-2"} and not any(
+        k == "Pod" and n in new for k, n in fake.objects
+    )
 
     fake.objects.clear()  # the garbage collector removes the predecessor's children
     run(ex, 30)
