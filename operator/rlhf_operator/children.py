@@ -314,6 +314,8 @@ def _env(job: RLTrainingJob, role: str, index: int, attempt: int) -> list[dict[s
     ]
     if role == labels.CONTROLLER_ROLE:
         env.append(c.ENV_METRICS_PORT.value(str(METRICS_PORT)))
+        # The checkpoint directory's owner (checkpoint_owner): a recreated job starts fresh.
+        env.append(c.ENV_JOB_UID.value(str(job.raw.get("metadata", {}).get("uid", ""))))
     return env
 
 

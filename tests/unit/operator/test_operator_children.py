@@ -76,6 +76,7 @@ def _env(role: str, index: int, attempt: int) -> list[dict[str, Any]]:
     ]
     if role == "controller":
         env.append({"name": "RLHF_METRICS_PORT", "value": "8080"})
+        env.append({"name": "RLHF_JOB_UID", "value": "uid-1"})
     return env
 
 
