@@ -385,6 +385,13 @@ ENV_RESTART_ATTEMPT = _declare(
     "Gang restart attempt of this pod (0 for the first start).",
     "operator",
 )
+ENV_JOB_UID = _declare(
+    "RLHF_JOB_UID",
+    "UID of the job: the checkpoint directory's owner (checkpoint_owner), so a job recreated "
+    "under the same name does not resume its predecessor's checkpoints.",
+    "operator",
+    pods="controller",
+)
 ENV_METRICS_PORT = _declare(
     "RLHF_METRICS_PORT",
     "Port the controller serves /metrics and /healthz on (the Service and readiness probe use it).",

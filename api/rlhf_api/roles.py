@@ -296,7 +296,9 @@ class PrometheusSpec:
 
     url: str = _f(doc="Base URL of the Prometheus HTTP API, e.g. http://prometheus.monitoring:9090.")
     query: str | None = _f(
-        None, doc="PromQL override for the signal; `{job}` and `{namespace}` are substituted."
+        None,
+        doc="PromQL override for the signal; `{job}` and `{namespace}` are substituted. The operator "
+        "sends it only where it allows custom queries (chart autoscaler.allowCustomQueries).",
     )
 
 

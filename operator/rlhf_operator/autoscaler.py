@@ -25,6 +25,15 @@ is refused (`refusal`): the signal is read from the job's own controller pod ins
 carries the condition `PrometheusRefused` (True, reason `URLNotAllowed`) naming the URL and what
 is allowed, with one Warning Event, until the URL is allowed or removed.
 
+The query is the operator's too: a job's URL is queried with the built-in PromQL template of its
+`metric`, selecting only the job's own series (`rlhf_job` and `namespace` labels, their values
+escaped as PromQL strings), so the signal written to `status.autoscaling.signal` is the job's own,
+never another tenant's. A job's own `prometheus.query` (free PromQL: any tenant's series) is
+honoured only where the operator allows it (`RLHF_OPERATOR_PROMETHEUS_CUSTOM_QUERIES=true`, the
+chart's `autoscaler.allowCustomQueries`; off by default); otherwise it is refused like a URL
+(`PrometheusRefused`, reason `QueryNotAllowed`). A URL with a query string, a fragment or user
+information is refused whatever the prefixes: a `#` would drop the path the operator appends.
+
 One rule beyond the shared policy: while a reshard is in flight (the controller has reported a
 `syncedGeneration`, but an older one than `generation`) the fleet is held, because the trainer's
 wait during a sync is not evidence of load and the previous change has not yet taken effect.
@@ -49,7 +58,9 @@ from rlhf_api.autoscale import (
     Recommendation,
     ScrapeSource,
     decide,
+    metric_def,
     prune,
+    render_query,
 )
 from rlhf_api.contract import ROLLOUT_GENERATION, ROLLOUT_SYNCED_GENERATION
 from rlhf_api.job import RLTrainingJob
@@ -95,6 +106,23 @@ PROMETHEUS_URL_PREFIXES_ENV = "RLHF_OPERATOR_PROMETHEUS_URL_PREFIXES"
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
+#: `true`: a job's own `prometheus.query` is sent as written (see the module's docstring).
+PROMETHEUS_CUSTOM_QUERIES_ENV = "RLHF_OPERATOR_PROMETHEUS_CUSTOM_QUERIES"
+
+
+def custom_queries_allowed(env: Mapping[str, str]) -> bool:
+    """Whether the operator sends a job's own PromQL (`true`), or only its built-in templates."""
+    raw = env.get(PROMETHEUS_CUSTOM_QUERIES_ENV, "").strip().lower()
+    if raw not in ("", "true", "false"):
+        raise ValueError(f"{PROMETHEUS_CUSTOM_QUERIES_ENV}={raw!r} is not valid; valid: true or false")
+    return raw == "true"
+
+
+def promql_string(value: str) -> str:
+    """`value` escaped for the inside of a PromQL double-quoted string."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def prometheus_url_prefixes(env: Mapping[str, str]) -> tuple[str, ...]:
     """The allow-list from the operator's environment (empty: no job may name a Prometheus)."""
     return tuple(filter(None, (p.strip() for p in env.get(PROMETHEUS_URL_PREFIXES_ENV, "").split(","))))
@@ -111,6 +139,8 @@ def _origin_and_path(url: str) -> tuple[tuple[str, str, int | None], str] | None
     scheme = parts.scheme.lower()
     if scheme not in _DEFAULT_PORTS or not parts.hostname:
         return None
+    if parts.query or parts.fragment or "#" in url or "?" in url or parts.username is not None:
+        return None  # the operator appends /api/v1/query?...: a '#' or '?' would change what it sends
     path = urllib.parse.unquote(parts.path)
     if ".." in path.split("/"):
         return None
@@ -135,10 +165,22 @@ def prometheus_url_allowed(url: str, prefixes: Sequence[str]) -> bool:
     return False
 
 
-def refusal(job: RLTrainingJob, prefixes: Sequence[str]) -> str | None:
-    """Why the operator will not query the job's Prometheus URL (None: it will, or there is none)."""
+QUERY_REFUSED = "spec.autoscaling.prometheus.query"
+
+
+def refusal(job: RLTrainingJob, prefixes: Sequence[str], custom_queries: bool = False) -> str | None:
+    """Why the operator will not query the job's Prometheus (None: it will, or there is none)."""
     prometheus = job.spec.autoscaling.prometheus
-    if prometheus is None or prometheus_url_allowed(prometheus.url, prefixes):
+    if prometheus is None:
+        return None
+    if prometheus.query and not custom_queries:
+        return (
+            f"{QUERY_REFUSED} is not allowed by the operator (its own PromQL could read any tenant's "
+            f"series; {PROMETHEUS_CUSTOM_QUERIES_ENV}, the chart's autoscaler.allowCustomQueries): remove it "
+            f"to query the built-in {job.spec.autoscaling.metric} template; the signal is read from the "
+            "job's controller pod (/metrics) meanwhile"
+        )
+    if prometheus_url_allowed(prometheus.url, prefixes):
         return None
     allowed = ", ".join(prefixes) if prefixes else "none"
     return (
@@ -157,7 +199,8 @@ def refusal_conditions(
     if refused is not None:
         if was and was.get("status") == "True" and was.get("message") == refused:
             return None
-        return set_condition(conditions, PROMETHEUS_REFUSED, True, "URLNotAllowed", refused, now)
+        reason = "QueryNotAllowed" if refused.startswith(QUERY_REFUSED) else "URLNotAllowed"
+        return set_condition(conditions, PROMETHEUS_REFUSED, True, reason, refused, now)
     if was and was.get("status") == "True":
         message = "spec.autoscaling.prometheus.url is allowed or unset"
         return set_condition(conditions, PROMETHEUS_REFUSED, False, "URLAllowed", message, now)
@@ -168,15 +211,18 @@ def metric_source(
     job: RLTrainingJob,
     url_template: str = DEFAULT_CONTROLLER_METRICS_URL,
     prometheus_prefixes: Sequence[str] = (),
+    custom_queries: bool = False,
 ) -> MetricSource:
     """PromQL against `spec.autoscaling.prometheus.url` when set and allowed (`refusal`), else a
-    scrape of the job's controller pod."""
+    scrape of the job's controller pod. The PromQL is the metric's built-in template over the
+    job's own series, the job's name and namespace escaped (its own query only where allowed)."""
     a = job.spec.autoscaling
     name, namespace = job.metadata_name, job.namespace
-    if a.prometheus is not None and refusal(job, prometheus_prefixes) is None:
-        return PrometheusSource.for_job(
-            a.prometheus.url, a.metric, name, namespace, a.prometheus.query, timeout=READ_TIMEOUT_SECONDS
-        )
+    if a.prometheus is not None and refusal(job, prometheus_prefixes, custom_queries) is None:
+        query = a.prometheus.query if custom_queries and a.prometheus.query else None
+        template = query or metric_def(a.metric).promql
+        rendered = render_query(template, promql_string(name), promql_string(namespace))
+        return PrometheusSource(a.prometheus.url, rendered, READ_TIMEOUT_SECONDS)
     url = controller_metrics_url(url_template, name, namespace)
     source = ScrapeSource.for_metric(url, a.metric, timeout=READ_TIMEOUT_SECONDS)
     return dataclasses.replace(source, max_bytes=MAX_SCRAPE_BYTES)

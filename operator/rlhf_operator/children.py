@@ -7,7 +7,8 @@ garbage-collects them.
 Pods, one per replica with stable names:
 
 * `<job>-controller`: Ray head plus the single controller (`rlhf controller`), reading the spec
-  from the job's ConfigMap and writing `status.progress` with the job's ServiceAccount;
+  from the job's ConfigMap and writing `status.progress` with the job's ServiceAccount
+  (`identity_name`: the job's name and part of its UID);
 * `<job>-<role>-<i>`: a Ray worker advertising its GPUs and the custom resource
   `rlhf.dev/role-<role>: n`, n the ranks it runs (`contract.ranks_per_pod`: one per GPU for
   actor, critic, reference and reward; one engine per rollout pod), joined to the head through the headless Service `<job>` (`rlhf worker` waits
@@ -27,7 +28,7 @@ from rlhf_api import contract
 from rlhf_api.fields import to_dict
 from rlhf_api.job import JobSpec, RLTrainingJob, roles_in_use
 from rlhf_api.roles import NodePoolSpec
-from rlhf_operator import images, kueue, network_policy, pod_template
+from rlhf_operator import images, kueue, network_policy, pod_identity, pod_template
 
 # The pod contract's names, under the spellings the operator's code and tests use.
 CONFIG_KEY = contract.CONFIG_KEY
@@ -35,7 +36,7 @@ CONFIG_DIR = contract.CONFIG_DIR
 RAY_PORT = contract.RAY_PORT
 METRICS_PORT = contract.METRICS_PORT
 RAY_TOKEN_KEY = contract.RAY_TOKEN_KEY
-RUN_AS_USER = 1000
+RUN_AS_USER = pod_identity.DEFAULT_UID
 GPU = "nvidia.com/gpu"
 CONTROLLER_RESOURCES = {"cpu": "1", "memory": "2Gi"}
 #: How long a pod stays on a NotReady/unreachable node before eviction. Kubernetes' default is
@@ -119,11 +120,26 @@ def _pool(spec: JobSpec, name: str | None) -> NodePoolSpec | None:
 # --------------------------------------------------------------------------------------------
 
 
+#: Characters of the job's UID in the name of its ServiceAccount, Role and RoleBinding: a job name
+#: of at most `admission.MAX_JOB_NAME` (50) + "-" + 12 is a 63-character DNS label.
+IDENTITY_UID_CHARS = 12
+
+
+def identity_name(job: RLTrainingJob) -> str:
+    """`<job>-<first 12 characters of its UID>`: the name of the job's ServiceAccount, Role and
+    RoleBinding. A UID exists only once the job does, so no tenant can mint the account in advance
+    under a name that some other (dangling, hand-written) RoleBinding names, and a job recreated
+    under the same name never meets its predecessor's account. The chart's status-writers policy
+    matches the controller pod's user by the same rule (templates/rbac/status-writers-policy.yaml)."""
+    uid = str(job.raw.get("metadata", {}).get("uid", ""))
+    return f"{job.metadata_name}-{uid[:IDENTITY_UID_CHARS]}" if uid else job.metadata_name
+
+
 def build_service_account(job: RLTrainingJob) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": _meta(job, job.metadata_name),
+        "metadata": _meta(job, identity_name(job)),
         "automountServiceAccountToken": False,
     }
 
@@ -134,7 +150,7 @@ def build_role(job: RLTrainingJob) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": _meta(job, job.metadata_name),
+        "metadata": _meta(job, identity_name(job)),
         "rules": [
             {
                 "apiGroups": [contract.GROUP],
@@ -156,9 +172,9 @@ def build_role_binding(job: RLTrainingJob) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": _meta(job, job.metadata_name),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": job.metadata_name},
-        "subjects": [{"kind": "ServiceAccount", "name": job.metadata_name, "namespace": job.namespace}],
+        "metadata": _meta(job, identity_name(job)),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": identity_name(job)},
+        "subjects": [{"kind": "ServiceAccount", "name": identity_name(job), "namespace": job.namespace}],
     }
 
 
@@ -300,6 +316,8 @@ def _env(job: RLTrainingJob, role: str, index: int, attempt: int) -> list[dict[s
     ]
     if role == contract.CONTROLLER_ROLE:
         env.append(c.ENV_METRICS_PORT.value(str(METRICS_PORT)))
+        # The checkpoint directory's owner (checkpoint_owner): a recreated job starts fresh.
+        env.append(c.ENV_JOB_UID.value(str(job.raw.get("metadata", {}).get("uid", ""))))
     return env
 
 
@@ -446,18 +464,13 @@ def build_pod(
         "restartPolicy": "Never",  # the operator restarts the gang; kubelet restarts would desync ranks
         "hostname": name,
         "subdomain": job.metadata_name,
-        "serviceAccountName": job.metadata_name,
+        "serviceAccountName": identity_name(job),
         # Only the controller pod talks to the API server.
         "automountServiceAccountToken": is_controller,
         "terminationGracePeriodSeconds": 30,
         "enableServiceLinks": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS_USER,
-            "runAsGroup": RUN_AS_USER,
-            "fsGroup": RUN_AS_USER,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        # uid/gid/fsGroup: the operator's setting (a fixed uid, one per job, or the platform's).
+        "securityContext": pod_identity.security_context(str(job.raw.get("metadata", {}).get("uid", ""))),
         "containers": [container],
         "volumes": [
             {"name": contract.VOLUME_SHM, "emptyDir": {"medium": "Memory", "sizeLimit": shm}},

@@ -50,12 +50,14 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         print("rlhf operator: give --namespace or --all-namespaces, not both", file=sys.stderr)
         return 2
     os.environ["RLHF_OPERATOR_CONTROLLER_METRICS_URL"] = args.controller_metrics_url
-    from rlhf_operator import tenant_limits
+    from rlhf_operator import autoscaler, pod_identity, tenant_limits
 
     os.environ[tenant_limits.MAX_PODS_ENV] = str(args.max_pods_per_job)
     os.environ[tenant_limits.ALLOWED_HOST_PATHS_ENV] = args.allowed_host_paths
     try:
         tenant_limits.Limits.from_env(os.environ)
+        pod_identity.setting(os.environ)
+        autoscaler.custom_queries_allowed(os.environ)
     except ValueError as err:
         print(f"rlhf operator: {err}", file=sys.stderr)
         return 2

@@ -155,6 +155,7 @@ class Executor:
         controller_metrics_url: str = autoscaler.DEFAULT_CONTROLLER_METRICS_URL,
         read: Callable[[MetricSource], tuple[float | None, str | None]] = read_signal,
         prometheus_url_prefixes: Sequence[str] = (),
+        prometheus_custom_queries: bool = False,
         pod_cache: cache.PodCache | None = None,
         create_workers: int = 1,
         installed_rules: parse_cache.InstalledRules | None = None,
@@ -167,6 +168,8 @@ class Executor:
         self.controller_metrics_url = controller_metrics_url
         #: URL prefixes a job's own Prometheus URL must lie under (see `autoscaler.refusal`).
         self.prometheus_url_prefixes = tuple(prometheus_url_prefixes)
+        #: Whether a job's own PromQL is sent (`autoscaler.custom_queries_allowed`); else the templates.
+        self.prometheus_custom_queries = prometheus_custom_queries
         self._read = read
         # Static children already ensured, per job: (uid, digest of what was sent). A restarted
         # operator starts empty and ensures everything again (create-if-absent), so this is only a cache.
@@ -236,7 +239,10 @@ class Executor:
 
     def _patch_status(self, body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """`kube.patch_status`, remembering the resourceVersion it produced (`own_write`)."""
-        out = self.kube.patch_status(body, status)
+        return self._remember(self.kube.patch_status(body, status))
+
+    def _remember(self, out: dict[str, Any]) -> dict[str, Any]:
+        """The job as one of this executor's writes left it, its resourceVersion remembered."""
         meta = (out or {}).get("metadata") or {}
         version = meta.get("resourceVersion")
         if version:
@@ -317,6 +323,8 @@ class Executor:
             # One write for the pass and the autoscaler. Conflict: computed from a stale view; retry.
             body = self._patch_status(body, {**plan.status, **(autoscaled or {})})
             self._mark("status")
+        if plan.record is not None:  # the restart record, before any pod of the attempt exists
+            body = self._remember(self.kube.patch_job_annotations(body, plan.record))
         for pod in plan.release:  # before the deletions: Kueue finishes the group once they stop
             try:
                 self.kube.patch_metadata(pod, kueue.RELEASE_PATCH["metadata"])
@@ -432,10 +440,11 @@ class Executor:
         if wait > 0:
             return body, wait, False, None if resharded is None else {"autoscaling": resharded}
         prefixes = self.prometheus_url_prefixes
-        source = autoscaler.metric_source(job, self.controller_metrics_url, prefixes)
+        custom = self.prometheus_custom_queries
+        source = autoscaler.metric_source(job, self.controller_metrics_url, prefixes, custom)
         signal, error = self._read(source)
         ev = autoscaler.evaluate(job, resharded or auto, rollout, signal, now, error)
-        refused = autoscaler.refusal(job, prefixes)
+        refused = autoscaler.refusal(job, prefixes, custom)
         conditions = autoscaler.refusal_conditions(list(status.get("conditions") or []), refused, now)
         patch: dict[str, Any] = {"autoscaling": ev.status}
         if conditions is None and ev.replicas is None:

@@ -26,6 +26,9 @@ action applies, and a failure no rule matches keeps the default (a counted gang 
 the job for one that is not `restartable`). Of several failures in one pass the gravest action
 wins: FailJob, then RestartGang, then RestartGangNoCount.
 
+The restarts these functions are given come from the operator's own record on the job
+(`restart_record`), never from the status a pod may write.
+
 A child object the API server refuses (`Rejection`): HTTP 400/422 is permanent for that spec
 (the job fails, `ChildRejected`); 403 (a quota, a LimitRange, an admission webhook, missing RBAC)
 may clear later, so the create is retried with a growing delay and reported meanwhile.

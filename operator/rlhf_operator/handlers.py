@@ -87,6 +87,7 @@ def _get_executor() -> Executor:
             client,
             controller_metrics_url=url,
             prometheus_url_prefixes=prefixes,
+            prometheus_custom_queries=autoscaler.custom_queries_allowed(os.environ),
             pod_cache=_pods,
             create_workers=CREATE_WORKERS,
             limits=tenant_limits.Limits.from_env(os.environ),

@@ -259,6 +259,25 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
+    def patch_job_annotations(self, job: dict[str, Any], annotations: dict[str, str]) -> dict[str, Any]:
+        """Merge `annotations` into the job's metadata, only if the job is unchanged since read
+        (its resourceVersion and UID in the patch); returns the job as stored."""
+        meta = job["metadata"]
+        patch = {
+            "metadata": {
+                "resourceVersion": meta["resourceVersion"],
+                "uid": meta["uid"],
+                "annotations": annotations,
+            }
+        }
+        return self._call(  # type: ignore[no-any-return]
+            "PATCH",
+            path(contract.API_VERSION, contract.KIND, meta["namespace"], meta["name"]),
+            body=patch,
+            query=[("fieldManager", contract.FIELD_MANAGER)],
+            content_type="application/merge-patch+json",
+        )
+
     def scale(self, job: dict[str, Any], replicas: int) -> dict[str, Any]:
         """Write the job's `/scale` subresource (spec.roles.rollout.replicas), as an HPA does, only
         if the job is unchanged since read (a concurrent `kubectl scale` wins; the caller re-reads)."""

@@ -4,12 +4,17 @@ operator, and the monitoring namespaces.
 A job's pods run the user's image and serve Ray's GCS (a job's Ray cluster executes whatever code
 a client sends it), the trainer's `/metrics`, torch.distributed's store and the weight-sync group on
 the pod network; on a shared cluster any pod of any tenant could otherwise connect to them. The
-policy selects the job's pods (`rlhf.dev/job-name`) and allows ingress from:
+policy selects the job's pods (`rlhf.dev/job-name`) and allows ingress, each peer on the ports it
+needs only:
 
-- the job's own pods (Ray, NCCL/gloo, the weight sync);
-- the operator's pods, in the operator's namespace (its autoscaler reads the controller's
-  `/metrics` when the job names no Prometheus);
-- every pod of the monitoring namespaces (Prometheus scraping the controller pod).
+- the job's own pods on every port: Ray's GCS (6379) and, beyond it, the ports Ray, NCCL/gloo,
+  torch.distributed's store and the weight sync pick at run time (raylet, object manager, worker
+  and rendezvous ports are chosen per process, so no fixed list can name them);
+- the operator's pods, in the operator's namespace, on the metrics port only (`METRICS_PORT`:
+  its autoscaler reads the controller's `/metrics` when the job names no Prometheus; it talks to
+  nothing else of a job's);
+- every pod of the monitoring namespaces, on the metrics port only (Prometheus scraping the
+  controller pod's `/metrics`, the chart's PodMonitor port `metrics`).
 
 Egress is left open: the pods reach the API server, DNS, and the model and data stores the user
 configured, which no operator can enumerate. The operator's settings come from its environment,
@@ -89,8 +94,18 @@ def _namespace(name: str) -> dict[str, Any]:
 
 
 def ingress_peers(job_name: str, settings: Settings) -> list[dict[str, Any]]:
-    """Who may connect to the job's pods."""
-    peers: list[dict[str, Any]] = [{"podSelector": {"matchLabels": {contract.JOB_NAME: job_name}}}]
+    """Who may connect to the job's pods: the job's own pods, then those allowed the metrics port
+    only (`metrics_peers`)."""
+    return [_own_pods(job_name), *metrics_peers(settings)]
+
+
+def _own_pods(job_name: str) -> dict[str, Any]:
+    return {"podSelector": {"matchLabels": {contract.JOB_NAME: job_name}}}
+
+
+def metrics_peers(settings: Settings) -> list[dict[str, Any]]:
+    """The operator's pods and the monitoring namespaces: they read `/metrics`, nothing else."""
+    peers: list[dict[str, Any]] = []
     if settings.operator_namespace:
         peer: dict[str, Any] = {"namespaceSelector": _namespace(settings.operator_namespace)}
         if settings.operator_pod_labels:
@@ -98,6 +113,16 @@ def ingress_peers(job_name: str, settings: Settings) -> list[dict[str, Any]]:
         peers.append(peer)
     peers += [{"namespaceSelector": _namespace(ns)} for ns in settings.monitoring_namespaces]
     return peers
+
+
+def ingress_rules(job_name: str, settings: Settings) -> list[dict[str, Any]]:
+    """The policy's ingress rules: every port from the job's own pods, the metrics port from the
+    operator and the monitoring namespaces."""
+    rules: list[dict[str, Any]] = [{"from": [_own_pods(job_name)]}]
+    peers = metrics_peers(settings)
+    if peers:
+        rules.append({"from": peers, "ports": [{"protocol": "TCP", "port": contract.METRICS_PORT}]})
+    return rules
 
 
 def build_network_policy(
@@ -114,6 +139,6 @@ def build_network_policy(
         "spec": {
             "podSelector": {"matchLabels": {contract.JOB_NAME: job_name}},
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": ingress_peers(job_name, settings)}],
+            "ingress": ingress_rules(job_name, settings),
         },
     }

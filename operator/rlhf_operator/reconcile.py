@@ -58,6 +58,7 @@ from rlhf_operator import (
     ownership,
     parse_cache,
     pod_health,
+    restart_record,
     rollout,
     suspend,
     tenant_limits,
@@ -116,6 +117,9 @@ class Plan:
     #: Pods the job wants whose names are held by pods it does not own (`ownership`): not
     #: created, reported by the executor like a refused create.
     blocked: list[failure_policy.Rejection] = field(default_factory=list)
+    #: The job's restart record to write (`restart_record`): annotations, after the status write
+    #: and before any pod is created; None when the job's record already says so.
+    record: dict[str, str] | None = None
     #: Pods of Kueue pod groups the job is done with, to annotate `retriable-in-group: "false"`
     #: before the deletions, so that Kueue finishes their Workloads and releases the quota (`kueue`).
     release: list[dict[str, Any]] = field(default_factory=list)
@@ -211,16 +215,14 @@ class Pass:
         owned, foreign = ownership.split(pods, meta.get("uid", ""))
         old: dict[str, Any] = dict(body.get("status") or {})
         phase = old.get("phase") or "Pending"
-        # Numbers a pod may have written (where the status policy is absent): clamped before
-        # any arithmetic (`2 ** restarts`, `+ 1`) and never an exception that wedges the job.
-        restarts = tenant_limits.clamp_int(old.get("restarts"), 0, MAX_RESTARTS)
-        # Absent while every restart counted (see finish).
-        counted = old.get("countedRestarts")
+        # The restarts come from the operator's own record (annotations on the job), never from
+        # `status.restarts`, which a pod may write where the status policy is absent.
+        restarts, counted = restart_record.read(meta, owned, MAX_RESTARTS)
         st: dict[str, Any] = {
             "phase": phase if phase in PHASES else "Pending",
             "observedGeneration": meta.get("generation", 0),
             "restarts": restarts,
-            "countedRestarts": restarts if counted is None else tenant_limits.clamp_int(counted, 0, restarts),
+            "countedRestarts": counted,
         }
         for key in ("startTime", "completionTime"):
             if old.get(key):
@@ -319,6 +321,7 @@ class Pass:
     def finish(self) -> Plan:
         st, old = self.st, self.old
         st["conditions"] = self.conditions
+        self.out.record = restart_record.to_write(self.meta, st["restarts"], st["countedRestarts"])
         if st["countedRestarts"] == st["restarts"]:  # written only once a restart went uncounted
             del st["countedRestarts"]
             if "countedRestarts" in old:

@@ -169,9 +169,9 @@ def test_grpo_job_over_two_pools_end_to_end(
         "grpo-rollout-1",
     ]
     for kind, obj_name in [
-        ("serviceaccount", name),
-        ("role", name),
-        ("rolebinding", name),
+        ("serviceaccount", f"{name}-{uid[:12]}"),
+        ("role", f"{name}-{uid[:12]}"),
+        ("rolebinding", f"{name}-{uid[:12]}"),
         ("secret", f"{name}-ray-token-{uid}"),
         ("configmap", f"{name}-spec"),
         ("service", name),
@@ -204,7 +204,7 @@ def test_grpo_job_over_two_pools_end_to_end(
 
     # The controller pod writes progress with the job's own ServiceAccount: allowed for this job's
     # status, nothing else.
-    controller = cluster.as_service_account(namespace, name)
+    controller = cluster.as_service_account(namespace, f"{name}-{uid[:12]}")
     # The exact patch the trainer's status reporter sends (progress.metrics.reward_mean, a string).
     from rlhf_trainer.run_cli import StatusReporter
 
@@ -349,6 +349,9 @@ def test_max_restarts_exhausted_fails_the_job(
     assert failed["reason"] == "MaxRestartsExceeded"
     assert f"{name}-actor-1 failed" in failed["message"] and "maxRestarts (1) exhausted" in failed["message"]
     assert status["restarts"] == 1
+    # The operator's own record of it (restart_record), written on the job beside the status.
+    notes = api.job(name)["metadata"]["annotations"]
+    assert notes["rlhf.dev/restarts"] == "1" and notes["rlhf.dev/counted-restarts"] == "1"
     # Running pods are removed; the failed one is kept for its logs.
     wait_for(
         lambda: sorted(p.metadata.name for p in api.pods(name)) == [f"{name}-actor-1"],

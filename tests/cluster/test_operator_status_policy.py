@@ -27,7 +27,9 @@ def test_the_jobs_controller_pod_cannot_patch_the_operators_status_keys(
     api.apply(grpo_job(name))
     status = api.wait_phase(name, "Running")
     restarts, generation = status["restarts"], status["rollout"]["generation"]
-    pod = cluster.as_service_account(namespace, name)  # what the controller pod's token is
+    # What the controller pod's token is: the job's own account, <job>-<12 characters of its UID>.
+    account = f"{name}-{api.job(name)['metadata']['uid'][:12]}"
+    pod = cluster.as_service_account(namespace, account, create=False)
     custom = kubernetes.client.CustomObjectsApi(pod.api_client())
 
     def patch(body: dict[str, Any]) -> Any:

@@ -334,8 +334,10 @@ def test_the_jobs_pods_admit_only_their_peers(job: Job, chart_operator: str) -> 
     selected = policy["spec"]["podSelector"]["matchLabels"]
     pods = job.pods()
     assert pods and all(selected.items() <= p["metadata"]["labels"].items() for p in pods.values())
-    peers = policy["spec"]["ingress"][0]["from"]
-    assert peers[0] == {"podSelector": {"matchLabels": selected}}  # the job's own pods
+    own, metrics = policy["spec"]["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": selected}}]}  # the job's own pods, every port
+    assert metrics["ports"] == [{"protocol": "TCP", "port": 8080}]  # the others: /metrics only
+    peers = metrics["from"]
     operator_ns, operator_pod = chart_operator.split("/")
     (peer,) = [
         p

@@ -248,12 +248,37 @@ def prepare_controller_pod(job: Any, ray_address: str | None, start: Any = None)
 
 class StatusReporter:
     """Patches `status.progress` of the job through the Kubernetes API (in-cluster credentials of
-    the per-job ServiceAccount). Outside a pod it is never created; a failed patch is logged, never fatal."""
+    the per-job ServiceAccount). Outside a pod it is never created; a failed patch is logged, never fatal.
 
-    def __init__(self, api: Any, name: str, namespace: str):
+    Called after every step, it writes at most once per `min_interval` seconds (a step of a
+    small job takes well under a second, and every write is an API-server write and a reconcile
+    pass of the operator), except the last step's and an evaluating step's, which are always
+    written. Each write has a (connect, read) timeout: a hung API connection costs the training
+    loop at most that, never the run."""
+
+    #: Seconds between two writes of `status.progress` (the last and evaluating steps excepted).
+    MIN_INTERVAL_SECONDS = 10.0
+
+    def __init__(
+        self,
+        api: Any,
+        name: str,
+        namespace: str,
+        min_interval: float = MIN_INTERVAL_SECONDS,
+        clock: Any = None,
+        request_timeout: tuple[float, float] | None = None,
+    ):
+        import time
+
+        from rlhf_trainer.sync.cluster_membership import API_REQUEST_TIMEOUT
+
         self.api = api
         self.name = name
         self.namespace = namespace
+        self.min_interval = min_interval
+        self.clock = clock or time.monotonic
+        self.request_timeout = request_timeout or API_REQUEST_TIMEOUT
+        self._last_write: float | None = None
 
     @classmethod
     def from_environment(cls, name: str, namespace: str) -> StatusReporter | None:
@@ -297,11 +322,26 @@ class StatusReporter:
             progress[c.PROGRESS_EVAL_STEP] = int(metrics.get("eval/step", done))
         return {"status": {c.STATUS_PROGRESS: progress}}
 
+    def due(self, done: int, total: int, metrics: dict[str, float]) -> bool:
+        """Whether this step's progress is written (see the class's docstring)."""
+        if self._last_write is None or done >= total or "eval/reward_mean" in metrics:
+            return True
+        return self.clock() - self._last_write >= self.min_interval
+
     def __call__(self, done: int, total: int, metrics: dict[str, float]) -> None:
         c = contract
+        if not self.due(done, total, metrics):
+            return
+        self._last_write = self.clock()  # a failed write waits its interval too (no hammering)
         try:
             self.api.patch_namespaced_custom_object_status(
-                c.GROUP, c.VERSION, self.namespace, c.PLURAL, self.name, self.progress(done, total, metrics)
+                c.GROUP,
+                c.VERSION,
+                self.namespace,
+                c.PLURAL,
+                self.name,
+                self.progress(done, total, metrics),
+                _request_timeout=self.request_timeout,
             )
         except Exception as err:  # reporting must never stop training
             logging.getLogger(__name__).warning("could not patch status.progress of %s: %s", self.name, err)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rlhf_api import contract
 from rlhf_api.job import JobSpec, unused_roles
-from rlhf_trainer import checkpoint, placement, ray_node
+from rlhf_trainer import checkpoint, checkpoint_owner, placement, ray_node
 from rlhf_trainer.dataflow import (
     DataStream,
     DynamicSamplingOperator,
@@ -159,11 +159,15 @@ def setup(
 
     algorithm = build_algorithm(spec.algorithm.name, spec.algorithm.all_params, job=spec)
     check_installed(spec.output.trackers)
+    resume = spec.checkpoint.resume if resume is None else resume
+    out_dir = Path(run_dir or spec.output.dir.format(name=job_name)).resolve()
+    refused = checkpoint_owner.refusal(checkpoint_root(spec, out_dir), checkpoint_owner.job_uid(), job_name, resume)
+    if refused:  # before the model loads: a recreated job never resumes its predecessor's state
+        raise RunError(refused)
     prepare_model_and_data(spec)
     tokenizer = load_tokenizer(spec)
     dataset = load_prompts(spec, tokenizer)
     eval_prompts = load_eval_prompts(spec, tokenizer)
-    out_dir = Path(run_dir or spec.output.dir.format(name=job_name)).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "spec.json").write_text(json.dumps(dataclasses.asdict(spec), indent=1, default=str))
 
@@ -189,7 +193,8 @@ def setup(
         start_fleet(ctx, options, membership)
         start_rollout_ahead(ctx)
         check_checkpoint_volume(r)
-        r.start_step = maybe_resume(r, spec.checkpoint.resume if resume is None else resume)
+        r.start_step = maybe_resume(r, resume)
+        checkpoint_owner.claim(r.checkpoint_dir, checkpoint_owner.job_uid(), job_name)
         start_logging(r, on_status)
     except BaseException:
         teardown(r)

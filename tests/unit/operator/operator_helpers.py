@@ -85,8 +85,22 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 
 def with_status(body: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    """The job as the operator's writes leave it: `status` merged, and the restart record
+    (`restart_record`, the annotations the executor writes) saying what the status says."""
     out = copy.deepcopy(body)
     out["status"] = merge_patch(out.get("status") or {}, status)
+    return with_record(out, out["status"].get("restarts"), out["status"].get("countedRestarts"))
+
+
+def with_record(body: dict[str, Any], restarts: int | None, counted: int | None = None) -> dict[str, Any]:
+    """`body` with the operator's restart record (no record for restarts None)."""
+    from rlhf_operator import restart_record
+
+    out = copy.deepcopy(body)
+    if restarts is not None:
+        notes = out["metadata"].setdefault("annotations", {})
+        notes[restart_record.RESTARTS] = str(restarts)
+        notes[restart_record.COUNTED_RESTARTS] = str(restarts if counted is None else counted)
     return out
 
 

@@ -54,21 +54,29 @@ def test_the_policy_selects_the_jobs_pods_and_admits_only_its_peers():
     assert pol["kind"] == "NetworkPolicy" and pol["metadata"] is meta
     assert pol["spec"]["podSelector"] == {"matchLabels": {contract.JOB_NAME: "j"}}
     assert pol["spec"]["policyTypes"] == ["Ingress"]  # egress stays open (API server, DNS, stores)
-    (rule,) = pol["spec"]["ingress"]
-    assert rule["from"] == [
-        {"podSelector": {"matchLabels": {contract.JOB_NAME: "j"}}},  # same namespace, same job
-        {
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rlhf-system"}},
-            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rlhf-operator"}},
-        },
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
-    ]
-    assert "ports" not in rule  # every port of the job's pods, to those peers only
+    own, metrics = pol["spec"]["ingress"]
+    # The job's own pods: every port (Ray, NCCL and the weight sync pick theirs at run time).
+    assert own == {"from": [{"podSelector": {"matchLabels": {contract.JOB_NAME: "j"}}}]}
+    # The operator and the monitoring namespaces: the controller's /metrics port, nothing else.
+    assert metrics == {
+        "from": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rlhf-system"}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rlhf-operator"}},
+            },
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+        ],
+        "ports": [{"protocol": "TCP", "port": 8080}],
+    }
+    assert metrics["ports"][0]["port"] == contract.METRICS_PORT
     # Another job's pods match no peer: its job-name label differs, and a bare podSelector is
     # confined to the policy's namespace.
     assert all(
         p.get("podSelector", {}).get("matchLabels", {}).get(contract.JOB_NAME) in (None, "j")
+        for rule in pol["spec"]["ingress"]
         for p in rule["from"]
     )
+    # Only a rule with a port list names peers from outside the job.
+    assert all("ports" in rule for rule in pol["spec"]["ingress"] if rule is not own)
     assert build_network_policy("j", meta, Settings(enabled=False)) is None
     assert ingress_peers("j", Settings()) == [{"podSelector": {"matchLabels": {contract.JOB_NAME: "j"}}}]

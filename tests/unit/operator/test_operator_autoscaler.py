@@ -318,6 +318,13 @@ class ScaleKube:
         self.log.append("status " + ",".join(sorted(status)))
         return copy.deepcopy(self.job)
 
+    def patch_job_annotations(self, body: dict[str, Any], annotations: dict[str, str]) -> dict[str, Any]:
+        if body["metadata"]["resourceVersion"] != self.job["metadata"]["resourceVersion"]:
+            raise kube.Conflict("stale")
+        self.job["metadata"] = merge_patch(self.job["metadata"], {"annotations": annotations})
+        self._bump()
+        return copy.deepcopy(self.job)
+
     def scale(self, body: dict[str, Any], replicas: int) -> dict[str, Any]:
         if body["metadata"]["resourceVersion"] != self.job["metadata"]["resourceVersion"]:
             raise kube.Conflict("stale")

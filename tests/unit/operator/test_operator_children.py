@@ -77,6 +77,7 @@ def _env(role: str, index: int, attempt: int) -> list[dict[str, Any]]:
     ]
     if role == "controller":
         env.append({"name": "RLHF_METRICS_PORT", "value": "8080"})
+        env.append({"name": "RLHF_JOB_UID", "value": "uid-1"})
     return env
 
 
@@ -130,7 +131,7 @@ EXPECTED_ACTOR_1 = {
         "restartPolicy": "Never",
         "hostname": "j-actor-1",
         "subdomain": "j",
-        "serviceAccountName": "j",
+        "serviceAccountName": "j-uid-1",
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 30,
         "enableServiceLinks": False,
@@ -175,7 +176,7 @@ EXPECTED_CONTROLLER = {
         "restartPolicy": "Never",
         "hostname": "j-controller",
         "subdomain": "j",
-        "serviceAccountName": "j",
+        "serviceAccountName": "j-uid-1",
         "automountServiceAccountToken": True,
         "terminationGracePeriodSeconds": 30,
         "enableServiceLinks": False,
@@ -366,7 +367,7 @@ STATIC: list[tuple[Any, dict[str, Any]]] = [
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
-            "metadata": _meta("j"),
+            "metadata": _meta("j-uid-1"),
             "automountServiceAccountToken": False,
         },
     ),
@@ -375,7 +376,7 @@ STATIC: list[tuple[Any, dict[str, Any]]] = [
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
-            "metadata": _meta("j"),
+            "metadata": _meta("j-uid-1"),
             "rules": [
                 {
                     "apiGroups": ["rlhf.dev"],
@@ -397,9 +398,9 @@ STATIC: list[tuple[Any, dict[str, Any]]] = [
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
-            "metadata": _meta("j"),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "j"},
-            "subjects": [{"kind": "ServiceAccount", "name": "j", "namespace": "ns"}],
+            "metadata": _meta("j-uid-1"),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "j-uid-1"},
+            "subjects": [{"kind": "ServiceAccount", "name": "j-uid-1", "namespace": "ns"}],
         },
     ),
     (
@@ -514,3 +515,21 @@ def test_the_pod_group_holds_exactly_min_member_pods_without_the_rollout_fleet(k
     assert children.role_replicas(parsed.spec).get("rollout", 0) >= 1
     assert len(members) == pod_group["spec"]["minMember"], members
     assert not [m for m in members if "-rollout-" in m], members
+
+
+def test_the_jobs_identity_is_named_from_its_uid_and_fits_a_dns_label() -> None:
+    """A tenant cannot pre-mint the job's ServiceAccount (a RoleBinding written for `<job>` would
+    bind it): its name, the Role's and the RoleBinding's carry the UID, still within 63."""
+    doc = job()
+    doc["metadata"].update(name="a" * 50, uid="0b6b7a34-8c1e-4a8f-9d2e-5f4c3b2a1908")
+    parsed = parse_job(doc)
+    want = "a" * 50 + "-0b6b7a34-8c1"
+    assert children.identity_name(parsed) == want and len(want) == 63
+    assert children.build_service_account(parsed)["metadata"]["name"] == want
+    assert children.build_role(parsed)["metadata"]["name"] == want
+    binding = children.build_role_binding(parsed)
+    assert binding["metadata"]["name"] == want and binding["roleRef"]["name"] == want
+    assert binding["subjects"][0]["name"] == want
+    assert children.build_pod(parsed, "actor")["spec"]["serviceAccountName"] == want
+    # The Role still names the job itself (its resourceNames), not the account.
+    assert children.build_role(parsed)["rules"][0]["resourceNames"] == ["a" * 50]

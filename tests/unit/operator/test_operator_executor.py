@@ -107,6 +107,15 @@ class FakeKube:
         self.log.append(f"status {status.get('phase', '')}".rstrip())
         return copy.deepcopy(self.job)
 
+    def patch_job_annotations(self, body: dict[str, Any], annotations: dict[str, str]) -> dict[str, Any]:
+        assert self.job is not None
+        if body["metadata"]["resourceVersion"] != self.job["metadata"]["resourceVersion"]:
+            raise kube.Conflict("stale")
+        self.job["metadata"] = merge_patch(self.job["metadata"], {"annotations": annotations})
+        self._bump()
+        self.log.append("record " + ",".join(f"{k}={v}" for k, v in sorted(annotations.items())))
+        return copy.deepcopy(self.job)
+
     def event(self, body: dict[str, Any], type_: str, reason: str, message: str, now: str) -> None:
         self.log.append(f"event {reason}")
         self.events.append((type_, reason, message))
@@ -127,9 +136,9 @@ def test_first_pass_writes_status_before_creating_children() -> None:
     run(Executor(fake))  # type: ignore[arg-type]
     kinds = [entry for entry in fake.log]
     assert kinds[:7] == [
-        "create ServiceAccount j",
-        "create Role j",
-        "create RoleBinding j",
+        "create ServiceAccount j-uid-1",
+        "create Role j-uid-1",
+        "create RoleBinding j-uid-1",
         "create Secret j-ray-token-uid-1",
         "create ConfigMap j-spec",
         "create Service j",
@@ -300,9 +309,9 @@ def test_parallel_creation_creates_every_child_and_pod_once() -> None:
     assert sorted(static) == sorted(
         f"create {k}"
         for k in (
-            "ServiceAccount j",
-            "Role j",
-            "RoleBinding j",
+            "ServiceAccount j-uid-1",
+            "Role j-uid-1",
+            "RoleBinding j-uid-1",
             "Secret j-ray-token-uid-1",
             "ConfigMap j-spec",
             "Service j",
@@ -392,15 +401,15 @@ def test_invalid_pod_fails_the_job_and_the_next_pass_frees_the_rest() -> None:
 
 def test_refused_static_child_is_reported_and_no_pod_is_created() -> None:
     fake = FakeKube(job())
-    fake.reject["j"] = (
+    fake.reject["j-uid-1"] = (
         403,
-        'serviceaccounts "j" is forbidden: exceeded quota: objects, limited: count/serviceaccounts=0',
+        'serviceaccounts "j-uid-1" is forbidden: exceeded quota: objects, limited: count/serviceaccounts=0',
     )
     out = run(Executor(fake))  # type: ignore[arg-type]
     assert out.requeue_after == 5
     assert not any(e.startswith("create Pod") for e in fake.log)
     cond = conditions(fake, "ChildFailure")
-    assert cond["reason"] == "QuotaExceeded" and cond["message"].startswith("ServiceAccount j: refused")
+    assert cond["reason"] == "QuotaExceeded" and cond["message"].startswith("ServiceAccount j-uid-1: refused")
 
 
 class RefusingApi:

@@ -133,9 +133,11 @@ def foreign(kind: str, name: str, api_version: str = "v1", **extra: Any) -> dict
 @pytest.mark.parametrize(
     "kind,name,extra",
     [
-        ("ServiceAccount", "j", {}),
-        ("Role", "j", {"rules": []}),
-        ("RoleBinding", "j", {"subjects": []}),
+        # The job's identity is named from its UID (`children.identity_name`): held only by
+        # someone who read the UID after the job was created.
+        ("ServiceAccount", "j-uid-1", {}),
+        ("Role", "j-uid-1", {"rules": []}),
+        ("RoleBinding", "j-uid-1", {"subjects": []}),
         ("ConfigMap", "j-spec", {"data": {"job.yaml": "users: data"}}),
         ("Service", "j", {"spec": {"selector": {"app": "user"}}}),
     ],
@@ -207,7 +209,11 @@ def test_recreated_job_gets_fresh_children_not_its_predecessors() -> None:
     assert fake.job["status"]["phase"] == "Pending"
     cond = get_condition(fake.job["status"], CHILD_FAILURE)
     assert cond is not None and cond["reason"] == "NotOwned" and "uid uid-1" in cond["message"]
-    assert all(o["metadata"]["ownerReferences"][0]["uid"] == "uid-1" for o in fake.objects.values())
+    # Only the children named from the new UID exist yet (its identity and token); no pod.
+    new = {n for (_, n), o in fake.objects.items() if o["metadata"]["ownerReferences"][0]["uid"] == "uid-2"}
+    assert new <= {"j-uid-2", "j-ray-token-uid-2"} and not any(
+        k == "Pod" and n in new for k, n in fake.objects
+    )
 
     fake.objects.clear()  # the garbage collector removes the predecessor's children
     run(ex, 30)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from operator_helpers import T0, at, job, names, phase, running, scheduled, unschedulable
+from operator_helpers import T0, at, job, names, phase, running, scheduled, unschedulable, with_record
 
 from rlhf_api.loader import parse_job
 from rlhf_operator import children, reconcile
@@ -31,6 +31,7 @@ def body_(
     b = job(**spec)
     if phase_ is not None:
         b["status"] = {"phase": phase_, "restarts": restarts, "conditions": conditions or []}
+        b = with_record(b, restarts)  # the operator's own record says the same
     return b
 
 

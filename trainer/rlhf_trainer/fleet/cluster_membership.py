@@ -35,6 +35,11 @@ from .membership import Target
 
 log = logging.getLogger(__name__)
 
+#: (connect, read) seconds of every API call the controller pod makes (the kubernetes client's
+#: `_request_timeout`): without one, a connection the API server (or a proxy) stops answering
+#: blocks the training loop, which makes these calls between steps, for good.
+API_REQUEST_TIMEOUT = (5.0, 10.0)
+
 
 class JobReader(Protocol):
     """Access to one RLTrainingJob: what the per-job ServiceAccount may do."""
@@ -76,13 +81,24 @@ class KubernetesJob:
 
     def read(self) -> dict[str, Any]:
         job: dict[str, Any] = self.api.get_namespaced_custom_object(
-            contract.GROUP, contract.VERSION, self.namespace, contract.PLURAL, self.name
+            contract.GROUP,
+            contract.VERSION,
+            self.namespace,
+            contract.PLURAL,
+            self.name,
+            _request_timeout=API_REQUEST_TIMEOUT,
         )
         return job
 
     def patch_status(self, patch: dict[str, Any]) -> None:
         self.api.patch_namespaced_custom_object_status(
-            contract.GROUP, contract.VERSION, self.namespace, contract.PLURAL, self.name, patch
+            contract.GROUP,
+            contract.VERSION,
+            self.namespace,
+            contract.PLURAL,
+            self.name,
+            patch,
+            _request_timeout=API_REQUEST_TIMEOUT,
         )
 
 
