@@ -391,6 +391,33 @@ class AlgorithmSpec:
 
 
 @dataclass
+class MultiTurnSpec:
+    """Multi-turn, tool-using rollouts: after each model turn an environment (a tool, a simulated
+    user) answers, its observation is appended and the model speaks again, until the environment
+    says done or a budget runs out. The environment's tokens are attended to but masked out of
+    the loss; its rewards add to the episode's score (and sit on each turn's last token for
+    token-level estimators such as GAE). See docs/multiturn.md."""
+
+    environment: str = _f(
+        doc="Import path `package.module:Class` of the environment (`step(episode) -> EnvStep`, "
+        "`rlhf_trainer.environments`), e.g. `rlhf_trainer.environments.calculator:CalculatorEnv`.",
+        pattern=IMPORT_PATH_RE,
+        valid="an import path package.module:Class",
+    )
+    kwargs: dict[str, Any] = _f({}, doc="Keyword arguments of the environment's constructor.", free_form=True)
+    max_turns: int = _f(
+        4, doc="Most model turns per episode (each at most `rollout.maxNewTokens` tokens).", minimum=1
+    )
+    max_total_tokens: int = _f(
+        256,
+        doc="Most response tokens per episode, the model's and the environment's together; an episode "
+        "that reaches it ends (counted as truncated). The engines' `maxModelLength` defaults to "
+        "`data.maxPromptLength` + this.",
+        minimum=1,
+    )
+
+
+@dataclass
 class RolloutSpec:
     """Sampling of responses."""
 
@@ -431,6 +458,9 @@ class RolloutSpec:
         "that corrects a stale sample's policy-gradient term (pi_behaviour: the rollout engine's "
         "log-probs of the version that generated it).",
         minimum=1.0,
+    )
+    multi_turn: MultiTurnSpec | None = _f(
+        None, doc="Multi-turn, tool-using episodes with an environment; unset: one response per sample."
     )
 
 
@@ -2006,7 +2036,8 @@ def max_model_length(spec: JobSpec) -> int:
     """The rollout engines' longest sequence: `rollout.maxModelLength`, else the longest prompt
     the data admits plus the longest response (what a step can ask for, and no more KV)."""
     rollout = spec.rollout
-    return rollout.max_model_length or spec.data.max_prompt_length + rollout.max_new_tokens
+    response = rollout.multi_turn.max_total_tokens if rollout.multi_turn else rollout.max_new_tokens
+    return rollout.max_model_length or spec.data.max_prompt_length + response
 
 
 def reward_model_dtype(spec: JobSpec) -> str:
