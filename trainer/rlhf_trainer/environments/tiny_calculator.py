@@ -91,7 +91,7 @@ def warm_up(
     learning_rate: float = 3e-3,
     max_steps: int = 1500,
     eval_every: int = 100,
-    target_tool_accuracy: float = 0.9,
+    target_tool_accuracy: float = 0.85,
 ) -> dict[str, Any]:
     """Supervised steps until sampled tool-calling episodes are right `target_tool_accuracy` of
     the time (or `max_steps`); deterministic for a seed."""

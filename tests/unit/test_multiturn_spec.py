@@ -1,0 +1,90 @@
+"""`spec.rollout.multiTurn`: parsed, defaulted and refused by field; `rlhf validate` agrees; the
+example's environment builds."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "multiturn-calculator.yaml"
+
+
+def _doc(**multi_turn: object) -> dict:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc = copy.deepcopy(doc)
+    doc["spec"]["rollout"]["multiTurn"] = {**doc["spec"]["rollout"]["multiTurn"], **multi_turn}
+    return doc
+
+
+def test_the_example_parses_and_its_engines_hold_the_whole_episode():
+    from rlhf_trainer.spec import max_model_length, parse_job
+
+    spec = parse_job(_doc()).spec
+    mt = spec.rollout.multi_turn
+    assert (mt.environment, mt.max_turns, mt.max_total_tokens) == (
+        "rlhf_trainer.environments.calculator:CalculatorEnv",
+        2,
+        48,
+    )
+    assert max_model_length(spec) == spec.data.max_prompt_length + 48  # not + maxNewTokens
+    single = parse_job({**_doc(), "spec": {**_doc()["spec"], "rollout": {"maxNewTokens": 20}}}).spec
+    assert single.rollout.multi_turn is None
+    assert max_model_length(single) == single.data.max_prompt_length + 20
+
+
+def test_the_defaults():
+    from rlhf_trainer.spec import parse_job
+
+    doc = _doc()
+    doc["spec"]["rollout"]["multiTurn"] = {"environment": "pkg.mod:Env"}
+    mt = parse_job(doc).spec.rollout.multi_turn
+    assert (mt.kwargs, mt.max_turns, mt.max_total_tokens) == ({}, 4, 256)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        (
+            "environment",
+            "calculator",
+            "spec.rollout.multiTurn.environment: 'calculator' is not valid; valid: an import path",
+        ),
+        ("maxTurns", 0, "spec.rollout.multiTurn.maxTurns: 0 is below the minimum 1"),
+        ("maxTotalTokens", 0, "spec.rollout.multiTurn.maxTotalTokens: 0 is below the minimum 1"),
+        ("maxturns", 3, "spec.rollout.multiTurn.maxturns"),
+    ],
+)
+def test_a_bad_field_is_refused_by_name(field, value, message):
+    from rlhf_trainer.spec import SpecError, parse_job
+
+    with pytest.raises(SpecError) as err:
+        parse_job(_doc(**{field: value}))
+    assert message in str(err.value)
+
+
+def test_rlhf_validate_refuses_a_bad_multi_turn_block(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_doc(maxTurns=0, environment="no path")))
+    done = subprocess.run(
+        [sys.executable, "-m", "rlhf_trainer.cli", "validate", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    out = done.stdout + done.stderr
+    assert "spec.rollout.multiTurn.maxTurns" in out and "spec.rollout.multiTurn.environment" in out
+
+
+def test_the_examples_environment_builds():
+    from rlhf_trainer.environments import build_environment
+    from rlhf_trainer.spec import parse_job
+
+    mt = parse_job(_doc()).spec.rollout.multi_turn
+    env = build_environment(mt.environment, mt.kwargs)
+    assert callable(env.step)
