@@ -238,3 +238,54 @@ def test_concat_and_select_keep_the_episode_fields(tiny_lm: tuple[Any, Any]) -> 
     picked = a.select([3, 1])
     assert torch.equal(picked.observation_mask, a.observation_mask[[3, 1]])
     assert picked.turns.tolist() == [a.turns[3].item(), a.turns[1].item()]
+
+
+# -- the snippet of docs/multiturn.md ------------------------------------------------------------
+
+
+def _doc_environment() -> type:
+    """The environment class of docs/multiturn.md's first Python block, executed."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "multiturn.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/multiturn.md", "exec"), namespace)  # noqa: S102 - the project's own doc
+    return namespace["RepeatAfterMe"]  # type: ignore[no-any-return]
+
+
+def test_the_documented_environment_rewards_each_turn() -> None:
+    env = _doc_environment()(words=["cat", "dog"])
+    episode = Episode(prompt="hi", prompt_ids=[1])
+    rewards, observations = [], []
+    for said in ["hello", "cat", "cow"]:  # before any ask, the right word, a wrong one
+        episode.turns.append(Turn("model", said + "\n", [5]))
+        answer = env.step(episode)
+        rewards.append(answer.reward)
+        observations.append(answer.observation)
+        if answer.done:
+            break
+        episode.turns.append(Turn("env", answer.observation, [6]))
+    assert rewards == [0.0, 1.0, 0.0] and answer.done
+    assert observations[:2] == ["user: say cat\nmodel: ", "user: say dog\nmodel: "]
+
+
+def test_the_documented_environment_runs_in_the_episode_loop(tiny_lm: tuple[Any, Any]) -> None:
+    _, tok = tiny_lm
+    env = _doc_environment()()
+    batch = rollout_episodes(
+        _engine(tiny_lm), tok, env, [tok(p).input_ids for p in PROMPTS], 2, max_turns=5, max_total_tokens=200
+    )
+    assert observation_counts(batch.observation_mask).tolist() == [3] * 8  # three asks, then done
+    assert batch.turns.tolist() == [4] * 8
+    newline = tok("\n", add_special_tokens=False).input_ids
+    for row in range(len(batch)):  # every model turn ends at its first newline, or at maxNewTokens
+        runs: list[list[int]] = [[]]
+        for t, m, o in zip(batch.response_ids[row], batch.response_mask[row], batch.observation_mask[row]):
+            if m > 0:
+                runs[-1].append(int(t))
+            elif o > 0 and runs[-1]:
+                runs.append([])
+        assert len(runs) == 4
+        for run in runs:
+            assert 1 <= len(run) <= 5 and newline[0] not in run[:-1]
