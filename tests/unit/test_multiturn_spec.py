@@ -88,3 +88,27 @@ def test_the_examples_environment_builds():
     mt = parse_job(_doc()).spec.rollout.multi_turn
     env = build_environment(mt.environment, mt.kwargs)
     assert callable(env.step)
+
+
+def test_rlhf_run_refuses_an_environment_that_does_not_import_before_starting_workers(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(_doc(environment="no_such_pkg.tools:Env")))
+    done = subprocess.run(
+        [sys.executable, "-m", "rlhf_trainer.cli", "run", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode != 0
+    assert "spec.rollout.multiTurn.environment" in done.stderr and "no_such_pkg" in done.stderr
+    assert "Ray" not in done.stderr  # refused before a worker (or Ray) started
+
+
+def test_the_planner_sizes_a_micro_batch_for_the_whole_episode():
+    from rlhf_trainer import planner
+    from rlhf_trainer.spec import parse_job
+
+    spec = parse_job(_doc()).spec
+    per_token = spec.training.micro_batch_size
+    assert planner._tokens_per_micro_batch(spec) == per_token * (spec.data.max_prompt_length + 48)

@@ -388,6 +388,7 @@ def setup(
 
     algorithm = build_algorithm(spec.algorithm.name, spec.algorithm.all_params, job=spec)
     check_installed(spec.output.trackers)
+    check_environment(spec)
     prepare_model_and_data(spec)
     tokenizer = load_tokenizer(spec)
     dataset = load_prompts(spec, tokenizer)
@@ -424,6 +425,19 @@ def setup(
         teardown(r)
         raise
     return r
+
+
+def check_environment(spec: JobSpec) -> None:
+    """A multi-turn job's environment is built once here, before any worker starts, so a bad
+    import path or kwargs fails naming `spec.rollout.multiTurn` (the workers build their own)."""
+    if spec.rollout.multi_turn is None:
+        return
+    from rlhf_trainer.environments import build_environment
+
+    try:
+        build_environment(spec.rollout.multi_turn.environment, spec.rollout.multi_turn.kwargs)
+    except (ValueError, TypeError) as err:
+        raise RunError(str(err)) from err
 
 
 def prepare_model_and_data(spec: JobSpec) -> None:

@@ -2035,9 +2035,14 @@ def reference_in_actor(spec: JobSpec) -> bool:
 def max_model_length(spec: JobSpec) -> int:
     """The rollout engines' longest sequence: `rollout.maxModelLength`, else the longest prompt
     the data admits plus the longest response (what a step can ask for, and no more KV)."""
+    return spec.rollout.max_model_length or spec.data.max_prompt_length + max_response_length(spec)
+
+
+def max_response_length(spec: JobSpec) -> int:
+    """The longest response of a sample: `rollout.maxNewTokens`, or a multi-turn episode's
+    `rollout.multiTurn.maxTotalTokens` (every turn, the environment's tokens included)."""
     rollout = spec.rollout
-    response = rollout.multi_turn.max_total_tokens if rollout.multi_turn else rollout.max_new_tokens
-    return rollout.max_model_length or spec.data.max_prompt_length + response
+    return rollout.multi_turn.max_total_tokens if rollout.multi_turn else rollout.max_new_tokens
 
 
 def reward_model_dtype(spec: JobSpec) -> str:
