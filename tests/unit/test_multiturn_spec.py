@@ -31,7 +31,8 @@ def test_the_example_parses_and_its_engines_hold_the_whole_episode():
         2,
         48,
     )
-    assert max_model_length(spec) == spec.data.max_prompt_length + 48  # not + maxNewTokens
+    # the longest context of an episode and a whole turn (maxNewTokens 20) from it
+    assert max_model_length(spec) == spec.data.max_prompt_length + 48 + 20
     single = parse_job({**_doc(), "spec": {**_doc()["spec"], "rollout": {"maxNewTokens": 20}}}).spec
     assert single.rollout.multi_turn is None
     assert max_model_length(single) == single.data.max_prompt_length + 20

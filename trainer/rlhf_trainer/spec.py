@@ -412,7 +412,7 @@ class MultiTurnSpec:
         256,
         doc="Most response tokens per episode, the model's and the environment's together; an episode "
         "that reaches it ends (counted as truncated). The engines' `maxModelLength` defaults to "
-        "`data.maxPromptLength` + this.",
+        "`data.maxPromptLength` + this + `rollout.maxNewTokens` (the longest context and a whole turn).",
         minimum=1,
     )
 
@@ -2035,7 +2035,10 @@ def reference_in_actor(spec: JobSpec) -> bool:
 def max_model_length(spec: JobSpec) -> int:
     """The rollout engines' longest sequence: `rollout.maxModelLength`, else the longest prompt
     the data admits plus the longest response (what a step can ask for, and no more KV)."""
-    return spec.rollout.max_model_length or spec.data.max_prompt_length + max_response_length(spec)
+    rollout = spec.rollout
+    # A multi-turn turn starts from a context of up to the episode's tokens and may run a whole turn.
+    turn = rollout.max_new_tokens if rollout.multi_turn else 0
+    return rollout.max_model_length or spec.data.max_prompt_length + max_response_length(spec) + turn
 
 
 def max_response_length(spec: JobSpec) -> int:
