@@ -289,3 +289,28 @@ def test_the_documented_environment_runs_in_the_episode_loop(tiny_lm: tuple[Any,
         assert len(runs) == 4
         for run in runs:
             assert 1 <= len(run) <= 5 and newline[0] not in run[:-1]
+
+
+def test_an_engine_that_writes_nothing_ends_the_episode(tiny_lm: tuple[Any, Any]) -> None:
+    """An engine at its length bound can return an empty turn: the episode ends there (cut), the
+    environment is not asked about a turn that was never written."""
+    _, tok = tiny_lm
+    engine = _engine(tiny_lm)
+
+    class Silent:
+        calls = 0
+
+        def generate(self, prompts: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
+            self.calls += 1
+            out = engine.generate(prompts, n, greedy=greedy)
+            if self.calls > 1:  # later turns: nothing written
+                out.response_mask.zero_()
+                out.log_probs.zero_()
+            return out
+
+    env = ScriptedEnv({p: 5 for p in PROMPTS})
+    batch = rollout_episodes(
+        Silent(), tok, env, [tok(p).input_ids for p in PROMPTS], max_turns=4, max_total_tokens=100
+    )
+    assert batch.turns.tolist() == [1] * 4 and observation_counts(batch.observation_mask).tolist() == [1] * 4
+    assert not bool(batch.finished.any())

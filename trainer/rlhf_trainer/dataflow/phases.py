@@ -191,7 +191,7 @@ def score(ctx: TrainerContext, batch: StepBatch, rewards: str = "job") -> StepBa
     """
     chunks = _split(len(batch), len(ctx.reward))
     messages = batch.messages or [None] * len(batch)
-    columns = reward_columns(batch, ctx.tokenizer)
+    columns = reward_columns(batch, ctx.tokenizer if "observation_mask" in batch else None)
     results = ctx.reward.call_each(
         "score",
         [

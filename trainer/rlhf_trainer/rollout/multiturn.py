@@ -110,6 +110,8 @@ def _advance(
     room = max_total_tokens - len(trace.ids)
     if len(ids) > room:
         ids, log_probs, ended = ids[:room], log_probs[:room], False
+    if not ids:  # the engine wrote nothing (its length bound): the episode ends, cut
+        return False
     trace.ids += ids
     trace.model += [1.0] * len(ids)
     trace.log_probs += log_probs
