@@ -185,8 +185,10 @@ def final_turns(batch: Any, tokenizer: Any) -> list[str]:
     """Each row's last model turn as text: the tokens after its last environment token (the
     whole response where the environment never spoke). `batch`: a `RolloutBatch` or a mapping
     with `response_ids`, `response_mask` and `observation_mask`."""
-    get = batch.get if isinstance(batch, dict) else lambda k: getattr(batch, k)
-    ids, model, env = get("response_ids"), get("response_mask") > 0, get("observation_mask")
+    fields: dict[str, Any] = batch if isinstance(batch, dict) else vars(batch)
+    ids: torch.Tensor = fields["response_ids"]
+    model: torch.Tensor = fields["response_mask"] > 0
+    env: torch.Tensor | None = fields.get("observation_mask")
     out = []
     for r in range(ids.shape[0]):
         start = 0
