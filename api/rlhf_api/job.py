@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from rlhf_api import algorithm_params
+from rlhf_api import algorithm_params, algorithm_schema
 from rlhf_api.contract import (
     CONTROLLER_ROLE,
     ROLES,
@@ -193,7 +193,7 @@ class JobSpec:
             "valid with topP < 1 or topK > 0: maxStaleness 0",
             {"fieldPath": ".rollout.maxStaleness"},
         ),
-        algorithm_params.group_size_rule(),
+        algorithm_schema.group_size_rule(),
         (
             "!self.algorithm.dynamicSampling.enabled || self.rollout.samplesPerPrompt >= 2",
             "spec.algorithm.dynamicSampling.enabled needs spec.rollout.samplesPerPrompt >= 2 (a group of one "
@@ -370,7 +370,16 @@ def max_model_length(spec: JobSpec) -> int:
     """The rollout engines' longest sequence: `rollout.maxModelLength`, else the longest prompt
     the data admits plus the longest response (what a step can ask for, and no more KV)."""
     rollout = spec.rollout
-    return rollout.max_model_length or spec.data.max_prompt_length + rollout.max_new_tokens
+    # A multi-turn turn starts from a context of up to the episode's tokens and may run a whole turn.
+    turn = rollout.max_new_tokens if rollout.multi_turn else 0
+    return rollout.max_model_length or spec.data.max_prompt_length + max_response_length(spec) + turn
+
+
+def max_response_length(spec: JobSpec) -> int:
+    """The longest response of a sample: `rollout.maxNewTokens`, or a multi-turn episode's
+    `rollout.multiTurn.maxTotalTokens` (every turn, the environment's tokens included)."""
+    rollout = spec.rollout
+    return rollout.multi_turn.max_total_tokens if rollout.multi_turn else rollout.max_new_tokens
 
 
 def reward_model_dtype(spec: JobSpec) -> str:

@@ -10,7 +10,7 @@ import inspect
 import json
 from typing import Any, get_args, get_origin
 
-from rlhf_api import algorithm_params
+from rlhf_api import algorithm_schema
 
 #: Algorithms shipped with the library (`rlhf_trainer.algorithms`). A custom one is given by
 from rlhf_api.fields import _describe, _hints, _unwrap_optional, camel, to_dict
@@ -74,5 +74,5 @@ def reference_markdown() -> str:
             section(sub, sub_path)
 
     section(JobSpec, "spec")
-    lines.append(algorithm_params.reference_markdown())
+    lines.append(algorithm_schema.reference_markdown())
     return "\n".join(lines).rstrip() + "\n"

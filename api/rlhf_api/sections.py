@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from rlhf_api import algorithm_params
+from rlhf_api import algorithm_params, algorithm_schema
 
 #: Algorithms shipped with the library (`rlhf_trainer.algorithms`). A custom one is given by
 from rlhf_api.fields import BUILTIN_ALGORITHMS, IMPORT_PATH_RE, _f
@@ -238,7 +238,7 @@ class AlgorithmSpec:
         doc="Hyperparameters of the algorithm (for example clipRatioLow, klCoef, lossAggMode): each "
         "built-in's are typed and bounded (see the manifest reference); a key the chosen algorithm does not "
         "take is refused.",
-        schema=algorithm_params.params_schema,
+        schema=algorithm_schema.params_schema,
     )
     custom_params: dict[str, Any] | None = _f(
         None,
@@ -269,19 +269,46 @@ class AlgorithmSpec:
                 + " or an import path package.module:Class (got \"' + self.name + '\")'",
             },
         ),
-        *algorithm_params.cel_rules(),
+        *algorithm_schema.cel_rules(),
     ]
 
     def check(self, path: str) -> list[str]:
         """A custom algorithm's `customParams`, which CEL cannot see (a free-form object): keys
         that can be params, each given once. (A built-in's params are typed in the schema and
-        their rules are CEL, `algorithm_params.cel_rules`.)"""
+        their rules are CEL, `algorithm_schema.cel_rules`.)"""
         return algorithm_params.check_custom_params(self.name, self.params, self.custom_params, path)
 
     @property
     def all_params(self) -> dict[str, Any]:
         """What the algorithm is built with: `params`, then a custom algorithm's `customParams`."""
         return {**self.params, **(self.custom_params or {})}
+
+
+@dataclass
+class MultiTurnSpec:
+    """Multi-turn, tool-using rollouts: after each model turn an environment (a tool, a simulated
+    user) answers, its observation is appended and the model speaks again, until the environment
+    says done or a budget runs out. The environment's tokens are attended to but masked out of
+    the loss; its rewards add to the episode's score (and sit on each turn's last token for
+    token-level estimators such as GAE). See docs/multiturn.md."""
+
+    environment: str = _f(
+        doc="Import path `package.module:Class` of the environment (`step(episode) -> EnvStep`, "
+        "`rlhf_trainer.environments`), e.g. `rlhf_trainer.environments.calculator:CalculatorEnv`.",
+        pattern=IMPORT_PATH_RE,
+        valid="an import path package.module:Class",
+    )
+    kwargs: dict[str, Any] = _f({}, doc="Keyword arguments of the environment's constructor.", free_form=True)
+    max_turns: int = _f(
+        4, doc="Most model turns per episode (each at most `rollout.maxNewTokens` tokens).", minimum=1
+    )
+    max_total_tokens: int = _f(
+        256,
+        doc="Most response tokens per episode, the model's and the environment's together; an episode "
+        "that reaches it ends (counted as truncated). The engines' `maxModelLength` defaults to "
+        "`data.maxPromptLength` + this + `rollout.maxNewTokens` (the longest context and a whole turn).",
+        minimum=1,
+    )
 
 
 @dataclass
@@ -325,6 +352,9 @@ class RolloutSpec:
         "that corrects a stale sample's policy-gradient term (pi_behaviour: the rollout engine's "
         "log-probs of the version that generated it).",
         minimum=1.0,
+    )
+    multi_turn: MultiTurnSpec | None = _f(
+        None, doc="Multi-turn, tool-using episodes with an environment; unset: one response per sample."
     )
 
 

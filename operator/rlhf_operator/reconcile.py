@@ -134,7 +134,9 @@ def operator_status(status: dict[str, Any]) -> dict[str, Any]:
     (null values removed): compare an old status with a plan's through this."""
     out = {k: status[k] for k in OPERATOR_KEYS if k in status and k != "rollout"}
     if "rollout" in status:
-        out[contract.STATUS_ROLLOUT] = {k: v for k, v in (status.get(contract.STATUS_ROLLOUT) or {}).items() if k in ROLLOUT_KEYS}
+        out[contract.STATUS_ROLLOUT] = {
+            k: v for k, v in (status.get(contract.STATUS_ROLLOUT) or {}).items() if k in ROLLOUT_KEYS
+        }
     return _without_nulls(out)
 
 

@@ -12,9 +12,9 @@ import pytest
 from harness import Cluster, wait_for
 from test_operator_e2e import Api, grpo_job, installed, unique  # noqa: F401 (fixtures)
 
+from rlhf_api import contract
 from rlhf_operator import network_policy
 from rlhf_operator.testing import OperatorProcess
-from rlhf_api import contract
 
 pytestmark = pytest.mark.cluster
 

@@ -60,11 +60,14 @@ def _keys_used(node: ast.AST) -> list[ast.AST]:
     """The keys `node` reads of a status object: `status["rollout"]`, `progress.get("step")`."""
     if isinstance(node, ast.Subscript) and STATUS_OBJECT.search(ast.unparse(node.value)):
         return [node.slice]
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
-        if node.func.attr in ("get", "pop", "setdefault") and STATUS_OBJECT.search(
-            ast.unparse(node.func.value)
-        ):
-            return [node.args[0]]
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.args
+        and node.func.attr in ("get", "pop", "setdefault")
+        and STATUS_OBJECT.search(ast.unparse(node.func.value))
+    ):
+        return [node.args[0]]
     return []
 
 

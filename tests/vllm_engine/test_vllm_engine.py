@@ -137,6 +137,17 @@ def test_named_weights_verify_a_sync(tiny_model_dir, tmp_path):
     assert "no.such.weight" in out["unknown_error"]
 
 
+def test_multi_turn_episodes_through_vllm(tiny_model_dir, tmp_path):
+    """The episode loop over the vllm engine: greedy episodes equal the hf engine's, each episode
+    gets the environment's answers it was scripted to, no token is both the model's and the
+    environment's, and the trainer's log-probs across the environment's tokens are vLLM's."""
+    out = _run_check("multiturn", str(tiny_model_dir), str(tmp_path), "-")
+    assert out["greedy_equal"]
+    assert out["observations"] == out["expected_observations"] and out["env_tokens"] > 0
+    assert out["overlap"] == 0 and out["env_log_prob_abs_sum"] == 0.0
+    assert out["max_abs_diff"] < 1e-3, out
+
+
 def test_quickstart_learns_with_vllm(tiny_model_dir, tmp_path):
     """The quickstart with `rollout.engine: vllm` (colocated: a vLLM engine in the actor's
     process, refreshed after every update) through `rlhf run`: the mean reward rises."""

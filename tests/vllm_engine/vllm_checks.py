@@ -6,6 +6,7 @@ tests/vllm_engine/test_vllm_engine.py, which asserts on the JSON this prints on 
     python vllm_checks.py ipc      MODEL_DIR SCRATCH BUCKET_BYTES
     python vllm_checks.py engine_args MODEL_DIR SCRATCH -
     python vllm_checks.py verify   MODEL_DIR SCRATCH -
+    python vllm_checks.py multiturn MODEL_DIR SCRATCH -
 
 One engine per process (vLLM's in-process engine is started once per process).
 
@@ -31,6 +32,10 @@ with and without sleep mode, TP 2) bound to `vllm.LLM.__init__`'s signature and 
 vLLM's `EngineArgs` (an unknown or renamed argument raises there), then configured by vLLM
 (`create_engine_config`, which validates the values; sleep mode is refused on CPU, which has
 none); the CPU path's as well.
+
+`multiturn`: multi-turn episodes (`rollout.multiturn.rollout_episodes`) against a scripted
+environment, greedily through the vllm and hf engines (the same tokens expected) and sampled
+through vllm, scored by the trainer's `token_log_probs` over the environment's tokens.
 
 `verify`: a CPU engine after an update returns, through `named_weights`, exactly the weights
 it was given (the digest a weight sync's `verify` compares with the actor's).
@@ -327,6 +332,60 @@ def verify(model_dir: Path, scratch: Path, _: str) -> dict[str, Any]:
     }
 
 
+class _ScriptedEnv:
+    """Answers `|ok<k>|` to the first `2 - (prompt length % 2)` model turns, then ends."""
+
+    def step(self, episode: Any) -> Any:
+        from rlhf_trainer.environments import EnvStep
+
+        k = episode.state.get("k", 0)
+        if k >= 2 - len(episode.prompt_ids) % 2:
+            return EnvStep(done=True)
+        episode.state["k"] = k + 1
+        return EnvStep(observation=f"|ok{k}|", reward=0.5)
+
+
+def multiturn(model_dir: Path, scratch: Path, _: str) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+
+    from rlhf_trainer.rollout.hf import HFRolloutEngine
+    from rlhf_trainer.rollout.multiturn import observation_counts, rollout_episodes
+    from rlhf_trainer.rollout.vllm import VLLMRolloutEngine
+    from rlhf_trainer.workers.modeling import token_log_probs
+
+    kw = {"max_new_tokens": 6, "temperature": 1.0, "seed": 0}
+    vl = VLLMRolloutEngine.from_pretrained(str(model_dir), max_model_len=64, **kw)
+    hf = HFRolloutEngine.from_pretrained(str(model_dir), **kw)
+    ps = prompts(vl.tokenizer, n=8)
+    run = {"max_turns": 3, "max_total_tokens": 40}
+    greedy = {
+        name: rollout_episodes(engine, engine.tokenizer, _ScriptedEnv(), ps, 1, greedy=True, **run)
+        for name, engine in (("vllm", vl), ("hf", hf))
+    }
+    sampled = rollout_episodes(vl, vl.tokenizer, _ScriptedEnv(), ps, 2, **run)
+    trainer_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref, _ = token_log_probs(
+            trainer_model, {k: v for k, v in sampled.to_dict().items() if isinstance(v, torch.Tensor)}
+        )
+    model_tokens = sampled.response_mask > 0
+    env_tokens = sampled.observation_mask > 0
+
+    def rows(b: Any) -> list[list[int]]:
+        real = (b.response_mask + b.observation_mask) > 0
+        return [r[m].tolist() for r, m in zip(b.response_ids, real)]
+
+    return {
+        "greedy_equal": rows(greedy["vllm"]) == rows(greedy["hf"]),
+        "observations": observation_counts(sampled.observation_mask).tolist(),
+        "expected_observations": [2 - len(p) % 2 for p in ps for _ in range(2)],
+        "overlap": int((model_tokens & env_tokens).sum()),
+        "env_log_prob_abs_sum": float(sampled.log_probs[env_tokens].abs().sum()),
+        "max_abs_diff": float((ref - sampled.log_probs).abs()[model_tokens].max()),
+        "env_tokens": int(env_tokens.sum()),
+    }
+
+
 def main() -> int:
     what, model_dir, scratch, arg = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
     checks = {
@@ -335,6 +394,7 @@ def main() -> int:
         "ipc": ipc,
         "engine_args": engine_args,
         "verify": verify,
+        "multiturn": multiturn,
     }
     result = checks[what](model_dir, scratch, arg)
     print(json.dumps(result))

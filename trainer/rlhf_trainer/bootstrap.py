@@ -183,7 +183,22 @@ RECIPES: dict[str, Recipe] = {
         # 2: operands 0-9, warm-up on answers with a stray "." (1 and unversioned: 0-19, plain warm-up)
         version=3,
     ),
+    # Multi-turn: two-digit products the model answers by calling the calculator tool
+    # (`environments.tiny_calculator`; manifests/examples/multiturn-calculator.yaml).
+    "tiny-calculator": Recipe(
+        name="tiny-calculator",
+        build=lambda path, seed: _tiny_calculator().build(path, seed),
+        rows=lambda n, seed: _tiny_calculator().MultiplicationTask().rows(n, seed),
+        reward="rlhf_trainer.rewards.builtin:final_turn_exact",
+        version=1,
+    ),
 }
+
+
+def _tiny_calculator() -> Any:
+    from rlhf_trainer.environments import tiny_calculator
+
+    return tiny_calculator
 
 
 def get_recipe(name: str) -> Recipe:

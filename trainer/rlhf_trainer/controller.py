@@ -36,8 +36,8 @@ from rlhf_trainer.dataflow.batch import StepBatch
 from rlhf_trainer.dataflow.context import TrainerContext, timed
 from rlhf_trainer.dataflow.phases import evaluate, reshard_if_needed, sample_rows, sync_weights
 from rlhf_trainer.fleet.elastic import ElasticOptions
-from rlhf_trainer.startup import Run, RunError, StatusCallback, resolve_spec, setup, teardown, trained_roles
 from rlhf_trainer.preemption import Preempted, Preemption
+from rlhf_trainer.startup import Run, RunError, StatusCallback, resolve_spec, setup, teardown, trained_roles
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlhf_api.job import roles_in_use
+from rlhf_api.job import max_response_length, roles_in_use
 
 GIB = 1024**3
 MIB = 1024**2
@@ -420,7 +420,7 @@ def _check_rollout_shapes(ctx: _Ctx) -> None:
 
 def _tokens_per_micro_batch(spec: Any) -> int:
     t = spec.training
-    seq = spec.data.max_prompt_length + spec.rollout.max_new_tokens
+    seq = spec.data.max_prompt_length + max_response_length(spec)  # a multi-turn episode: every turn
     return t.max_tokens_per_micro_batch or t.micro_batch_size * seq
 
 
@@ -559,7 +559,7 @@ def _check_reward(ctx: _Ctx, shape_of: ShapeOf) -> None:
     if shape is None:
         return
     dtype = reward_model_dtype(spec)
-    tokens = spec.reward.model.batch_size * (spec.data.max_prompt_length + spec.rollout.max_new_tokens)
+    tokens = spec.reward.model.batch_size * (spec.data.max_prompt_length + max_response_length(spec))
     parts = _forward_parts(shape, dtype, tokens, "score")
     valid = "a smaller reward.model.batchSize, or a larger GPU"
     if DTYPE_BYTES[dtype] > 2:

@@ -159,9 +159,12 @@ def setup(
 
     algorithm = build_algorithm(spec.algorithm.name, spec.algorithm.all_params, job=spec)
     check_installed(spec.output.trackers)
+    check_environment(spec)
     resume = spec.checkpoint.resume if resume is None else resume
     out_dir = Path(run_dir or spec.output.dir.format(name=job_name)).resolve()
-    refused = checkpoint_owner.refusal(checkpoint_root(spec, out_dir), checkpoint_owner.job_uid(), job_name, resume)
+    refused = checkpoint_owner.refusal(
+        checkpoint_root(spec, out_dir), checkpoint_owner.job_uid(), job_name, resume
+    )
     if refused:  # before the model loads: a recreated job never resumes its predecessor's state
         raise RunError(refused)
     prepare_model_and_data(spec)
@@ -200,6 +203,19 @@ def setup(
         teardown(r)
         raise
     return r
+
+
+def check_environment(spec: JobSpec) -> None:
+    """A multi-turn job's environment is built once here, before any worker starts, so a bad
+    import path or kwargs fails naming `spec.rollout.multiTurn` (the workers build their own)."""
+    if spec.rollout.multi_turn is None:
+        return
+    from rlhf_trainer.environments import build_environment
+
+    try:
+        build_environment(spec.rollout.multi_turn.environment, spec.rollout.multi_turn.kwargs)
+    except (ValueError, TypeError) as err:
+        raise RunError(str(err)) from err
 
 
 def prepare_model_and_data(spec: JobSpec) -> None:

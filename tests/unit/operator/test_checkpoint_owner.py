@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from operator_helpers import job
 
-from rlhf_operator import children
 from rlhf_api import contract
+from rlhf_api.loader import parse_job
+from rlhf_operator import children
 from rlhf_trainer import checkpoint, checkpoint_owner
 from rlhf_trainer.startup import RunError, setup
-from rlhf_api.loader import parse_job
 
 OLD, NEW = "0b6b7a34-8c1e-4a8f-9d2e-5f4c3b2a1908", "7d1f0c55-2b3a-4e6d-8f90-a1b2c3d4e5f6"
 

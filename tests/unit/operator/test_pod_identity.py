@@ -10,8 +10,8 @@ import pytest
 from operator_helpers import job
 from test_chart_scrape_settings import HELM, one, operator_env, render
 
-from rlhf_operator import children, pod_identity
 from rlhf_api.loader import parse_job
+from rlhf_operator import children, pod_identity
 
 
 def _pod_security(monkeypatch: pytest.MonkeyPatch, setting: str | None, uid: str = "uid-1") -> dict[str, Any]:

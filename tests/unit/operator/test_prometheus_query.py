@@ -11,8 +11,8 @@ import pytest
 from test_chart_scrape_settings import HELM, operator_env, render
 from test_operator_autoscaler import parsed
 
-from rlhf_operator import autoscaler
 from rlhf_api.autoscale import PrometheusSource, ScrapeSource, metric_def
+from rlhf_operator import autoscaler
 
 PROM = "http://prom:9090"
 #: A tenant's query reading every tenant's series (what status.autoscaling.signal would echo).

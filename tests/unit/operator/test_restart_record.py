@@ -10,10 +10,10 @@ from typing import Any
 from operator_helpers import at, job, merge_patch, names, phase, running, scheduled, with_record
 from test_operator_executor import FakeKube, run
 
+from rlhf_api.loader import parse_job
 from rlhf_operator import children, reconcile, restart_record
 from rlhf_operator.executor import Executor
 from rlhf_operator.status import get_condition
-from rlhf_api.loader import parse_job
 
 
 def pods_of(body: dict[str, Any], attempt: int = 0, state: Any = running) -> list[dict[str, Any]]:

@@ -58,6 +58,8 @@ WORKER_KEYS = (
     "truncated",
     # (B, T): the rollout correction's importance weights (`rollout_correction`).
     "is_weights",
+    # (B, T) multi-turn: 1 on the environment's tokens, attended to but not trained on.
+    "observation_mask",
 )
 
 
@@ -129,6 +131,12 @@ def generate(
     }
     if rollout.finished is not None:
         metrics["rollout/finished_fraction"] = float(rollout.finished.float().mean())
+    if rollout.observation_mask is not None:  # multi-turn episodes
+        from rlhf_trainer.rollout.multiturn import episode_metrics
+
+        tensors.update(observation_mask=rollout.observation_mask, turn_rewards=rollout.turn_rewards)
+        tensors["turns"] = rollout.turns
+        metrics.update(episode_metrics(rollout))
     metrics["rollout/truncated_fraction"] = (
         float(tensors["truncated"].float().mean()) if len(rollout) else 0.0
     )
@@ -151,7 +159,7 @@ def truncated_rows(rollout: Any, max_new_tokens: int) -> Tensor:
     return rollout.response_mask.sum(-1) >= max_new_tokens
 
 
-def reward_columns(batch: StepBatch) -> list[dict[str, Any]]:
+def reward_columns(batch: StepBatch, tokenizer: Any = None) -> list[dict[str, Any]]:
     """Each row's columns as reward functions get them: the prompt's dataset columns plus what the
     rollout knows of the response (`rewards.RESPONSE_COLUMNS`: `truncated`, `response_length`),
     which win over a dataset column of the same name."""
@@ -161,10 +169,15 @@ def reward_columns(batch: StepBatch) -> list[dict[str, Any]]:
     lengths = batch["response_mask"].sum(-1).long().tolist()
     truncated = batch["truncated"].tolist() if "truncated" in batch else [None] * len(batch)
     truncated_key, length_key = RESPONSE_COLUMNS
-    return [
+    rows = [
         {**c, truncated_key: None if t is None else bool(t), length_key: int(n)}
         for c, t, n in zip(columns, truncated, lengths)
     ]
+    if "observation_mask" in batch:  # multi-turn: the episode columns (`rollout.multiturn.EPISODE_COLUMNS`)
+        from rlhf_trainer.rollout.multiturn import episode_columns
+
+        rows = [{**r, **e} for r, e in zip(rows, episode_columns(batch, tokenizer))]
+    return rows
 
 
 def score(ctx: TrainerContext, batch: StepBatch, rewards: str = "job") -> StepBatch:
@@ -178,7 +191,7 @@ def score(ctx: TrainerContext, batch: StepBatch, rewards: str = "job") -> StepBa
     """
     chunks = _split(len(batch), len(ctx.reward))
     messages = batch.messages or [None] * len(batch)
-    columns = reward_columns(batch)
+    columns = reward_columns(batch, ctx.tokenizer if "observation_mask" in batch else None)
     results = ctx.reward.call_each(
         "score",
         [
@@ -197,6 +210,10 @@ def score(ctx: TrainerContext, batch: StepBatch, rewards: str = "job") -> StepBa
     errors = [e for r in results for e in (r.errors or [])]
     for err in errors[:5]:  # CombinedReward logs each one with its sample; say which step it was
         log.warning("step %d: %s", ctx.step, err)
+    if "turn_rewards" in batch:  # multi-turn: the environment's rewards join the episode's score
+        from rlhf_trainer.rollout.multiturn import add_environment_rewards
+
+        scores = add_environment_rewards(batch, scores)
     batch["scores"] = torch.where(valid, scores, torch.zeros_like(scores))
     batch["reward_valid"] = valid
     ok = scores[valid]

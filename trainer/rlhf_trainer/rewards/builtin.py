@@ -83,3 +83,17 @@ def final_answer(
         want = final_number(a)
         out.append(1.0 if want is not None and final_number(r) == want else 0.0)
     return out
+
+
+def final_turn_exact(
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    answer: Sequence[Any] | None = None,
+    final_turn: Sequence[str] | None = None,
+    **_: Any,
+) -> list[float]:
+    """Multi-turn: 1.0 when the model's last turn (`final_turn`, the text after the environment's
+    last observation; the whole response in a single-turn job) is exactly the answer, else 0.0."""
+    texts = list(final_turn) if final_turn is not None else list(responses)
+    expected = _answers(answer, len(texts), "final_turn_exact")
+    return [1.0 if t.strip() == a else 0.0 for t, a in zip(texts, expected)]

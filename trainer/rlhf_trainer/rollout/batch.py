@@ -11,6 +11,13 @@ Layout (B responses, P prompt tokens, T response tokens)::
                                   where `response_mask` is 0
     prompt_index   list[int]      row -> index of its prompt in the list given to `generate`
 
+Multi-turn rollouts (`rollout.multiturn`) add, where the environment wrote tokens into the response::
+
+    observation_mask (B, T) float 1.0 on the environment's tokens (response_mask is 0 there:
+                                  not trained on, but attended to: `real_response_mask`)
+    turn_rewards     (B, T) float each environment reward on the last model token of its turn
+    turns            (B,)   long  model turns of each episode
+
 Prompt and response concatenated (`sequences`) are the tokens the actor scores: position `P + t`
 of the sequence holds `response_ids[:, t]`, predicted from the logits at position `P + t - 1`.
 """
@@ -45,6 +52,12 @@ class RolloutBatch:
     """The pad id used on both sides; `concat` re-pads with it."""
     finished: torch.Tensor | None = None
     """(B,) bool, True where the response ended with EOS (False: cut at max tokens)."""
+    observation_mask: torch.Tensor | None = None
+    """(B, T) float, multi-turn: 1.0 on the tokens the environment wrote (see the module docstring)."""
+    turn_rewards: torch.Tensor | None = None
+    """(B, T) float, multi-turn: the environment's rewards, on the last model token of each turn."""
+    turns: torch.Tensor | None = None
+    """(B,) long, multi-turn: model turns per episode."""
 
     def __post_init__(self) -> None:
         b = self.prompt_ids.shape[0]
@@ -52,6 +65,12 @@ class RolloutBatch:
             t = getattr(self, name)
             if t.shape[0] != b:
                 raise ValueError(f"RolloutBatch.{name} has {t.shape[0]} rows, prompt_ids has {b}")
+        for name in PER_TOKEN_EXTRAS:
+            t = getattr(self, name)
+            if t is not None and t.shape != self.response_ids.shape:
+                raise ValueError(
+                    f"RolloutBatch.{name} has shape {tuple(t.shape)}, response_ids {tuple(self.response_ids.shape)}"
+                )
         if (
             self.response_ids.shape != self.response_mask.shape
             or self.response_ids.shape != self.log_probs.shape
@@ -79,7 +98,8 @@ class RolloutBatch:
     def sequences(self) -> tuple[torch.Tensor, torch.Tensor]:
         """`(input_ids, attention_mask)`, both (B, P+T): prompt then response, as the actor scores them."""
         ids = torch.cat([self.prompt_ids, self.response_ids], dim=1)  # (B, P+T)
-        mask = torch.cat([self.prompt_mask.long(), self.response_mask.long()], dim=1)  # (B, P+T)
+        real = real_response_mask(self.response_mask, self.observation_mask)
+        mask = torch.cat([self.prompt_mask.long(), real.long()], dim=1)  # (B, P+T)
         return ids, mask
 
     def to(self, device: torch.device | str) -> RolloutBatch:
@@ -139,6 +159,14 @@ class RolloutBatch:
         finished = None
         if all(b.finished is not None for b in batches):
             finished = torch.cat([b.finished for b in batches if b.finished is not None])
+        extras: dict[str, torch.Tensor | None] = {}
+        for name in PER_TOKEN_EXTRAS:  # absent from a part (a single-turn engine): zeros there
+            if any(getattr(b, name) is not None for b in batches):
+                extras[name] = torch.cat(
+                    [right(_or_zeros(getattr(b, name), b.response_mask), t_len, 0.0) for b in batches]
+                )
+        if all(b.turns is not None for b in batches):
+            extras["turns"] = torch.cat([b.turns for b in batches if b.turns is not None])
         return RolloutBatch(
             prompt_ids=torch.cat([left(b.prompt_ids, p_len, pad) for b in batches]),
             prompt_mask=torch.cat([left(b.prompt_mask, p_len, 0) for b in batches]),
@@ -148,13 +176,32 @@ class RolloutBatch:
             prompt_index=index,
             pad_token_id=pad,
             finished=finished,
+            **extras,
         )
 
 
+#: Optional (B, T) fields of multi-turn rollouts.
+PER_TOKEN_EXTRAS = ("observation_mask", "turn_rewards")
+
+
+def _or_zeros(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(like, dtype=torch.float32) if t is None else t
+
+
+def real_response_mask(response_mask: torch.Tensor, observation_mask: torch.Tensor | None) -> torch.Tensor:
+    """(B, T) bool: the response's real tokens, the model's (`response_mask`, the loss mask) and the
+    environment's (`observation_mask`): what attention sees and positions count. One rule for the
+    engines' batches and the trainer's forward passes (`workers.modeling.sequence_inputs`)."""
+    real = response_mask > 0
+    return real if observation_mask is None else real | (observation_mask > 0)
+
+
 def decode_responses(batch: RolloutBatch, tokenizer: Any) -> list[str]:
-    """Response texts, special tokens (EOS, padding) removed."""
+    """Response texts, special tokens (EOS, padding) removed; a multi-turn response holds every
+    turn, the environment's included."""
     out = []
-    for ids, mask in zip(batch.response_ids.tolist(), batch.response_mask.tolist()):
-        kept = [t for t, m in zip(ids, mask) if m > 0]
+    real = real_response_mask(batch.response_mask, batch.observation_mask)
+    for ids, mask in zip(batch.response_ids.tolist(), real.tolist()):
+        kept = [t for t, m in zip(ids, mask) if m]
         out.append(tokenizer.decode(kept, skip_special_tokens=True))
     return out

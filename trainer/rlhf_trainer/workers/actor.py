@@ -199,15 +199,24 @@ class ActorWorker(TrainableWorker):
         from rlhf_trainer.workers.distributed import step_seed
 
         self.engine.set_seed(step_seed(self.spec.training.seed, step, self.rank, stream=1))
+        episodes = self.episodes()
         if hasattr(self.engine, "llm"):  # vLLM runs its own dtype: no autocast around its forward
-            out = self.engine.generate(prompt_ids, n, greedy=greedy).to_dict()
+            out = episodes.generate(self.engine, prompt_ids, n, greedy=greedy).to_dict()
         else:
             with self.compute():  # one rank: samples from the fp32 training module in the compute dtype
-                out = self.engine.generate(prompt_ids, n, greedy=greedy).to_dict()
+                out = episodes.generate(self.engine, prompt_ids, n, greedy=greedy).to_dict()
         sleep = getattr(self.engine, "sleep", None)
         if sleep is not None:  # vllm colocated on a GPU: its memory goes to training until the sync
             sleep()
         return out  # type: ignore[no-any-return]
+
+    def episodes(self) -> Any:
+        """The generator of samples or multi-turn episodes (`rollout.multiturn.EpisodeGenerator`)."""
+        if getattr(self, "_episodes", None) is None:
+            from rlhf_trainer.rollout.multiturn import EpisodeGenerator
+
+            self._episodes = EpisodeGenerator(self.spec.rollout)
+        return self._episodes
 
     def sync_engine(self) -> None:
         """Copy the trained weights into the colocated engine (a collective when sharded). Every

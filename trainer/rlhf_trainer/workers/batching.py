@@ -102,8 +102,12 @@ def micro_batches(
 
 
 def row_tokens(batch: Mapping[str, Any]) -> Tensor:
-    """Real tokens of each row, (B,): prompt tokens plus response tokens (`response_mask > 0`)."""
-    return batch["prompt_mask"].gt(0).sum(-1) + batch["response_mask"].gt(0).sum(-1)  # (B,)
+    """Real tokens of each row, (B,): prompt tokens plus response tokens (the model's and, in a
+    multi-turn episode, the environment's: `rollout.batch.real_response_mask`)."""
+    from rlhf_trainer.rollout.batch import real_response_mask
+
+    real = real_response_mask(batch["response_mask"], batch.get("observation_mask"))
+    return batch["prompt_mask"].gt(0).sum(-1) + real.sum(-1)  # (B,)
 
 
 def pack_by_tokens(lengths: list[int], budget: int) -> list[list[int]]:

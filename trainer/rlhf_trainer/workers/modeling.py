@@ -96,12 +96,21 @@ class ValueModel(nn.Module):
 def sequence_inputs(batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor, int]:
     """`(input_ids, attention_mask, position_ids, P)` for prompt + response, all (B, P+T)."""
     prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"].long()
-    response_ids, response_mask = batch["response_ids"], (batch["response_mask"] > 0).long()
+    # Multi-turn: the environment's tokens are attended to, though not trained on.
+    response_ids, response_mask = batch["response_ids"], response_tokens(batch).long()
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # (B, P+T)
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)  # (B, P+T)
     # Positions count from each row's first real token, as the rollout engine does.
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, P+T)
     return input_ids, attention_mask, position_ids, prompt_ids.shape[1]
+
+
+def response_tokens(batch: dict[str, Tensor]) -> Tensor:
+    """(B, T) bool: the response's real tokens, the model's and (multi-turn) the environment's
+    (`rollout.batch.real_response_mask`)."""
+    from rlhf_trainer.rollout.batch import real_response_mask
+
+    return real_response_mask(batch["response_mask"], batch.get("observation_mask"))
 
 
 def token_log_probs(
@@ -232,7 +241,7 @@ def packable(batch: dict[str, Tensor]) -> bool:
     """Whether packing reproduces the padded forward: every valid response token's predecessor is
     a real token of its row (a left-padded prompt of at least one token, a response mask without
     holes). The rollout's batches are; a batch with holes runs trimmed instead."""
-    real = torch.cat([batch["prompt_mask"].gt(0), batch["response_mask"].gt(0)], dim=1)  # (B, P+T)
+    real = torch.cat([batch["prompt_mask"].gt(0), response_tokens(batch)], dim=1)  # (B, P+T)
     p, t = batch["prompt_mask"].shape[1], batch["response_mask"].shape[1]
     if p == 0:
         return False
@@ -243,9 +252,9 @@ def packable(batch: dict[str, Tensor]) -> bool:
 def pack_sequences(batch: dict[str, Tensor]) -> PackedRows:
     """The batch's real tokens as one packed row (see `PackedRows`)."""
     prompt = batch["prompt_mask"].gt(0)  # (B, P)
-    response = batch["response_mask"].gt(0)  # (B, T)
+    response = batch["response_mask"].gt(0)  # (B, T): the tokens scored (the model's)
     p = prompt.shape[1]
-    real = torch.cat([prompt, response], dim=1)  # (B, P+T)
+    real = torch.cat([prompt, response_tokens(batch)], dim=1)  # (B, P+T): environment tokens too
     ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], dim=1)  # (B, P+T)
     positions = real.long().cumsum(-1) - 1  # (B, P+T): as `sequence_inputs` numbers real tokens
     index = real.flatten().long().cumsum(0).view_as(real) - 1  # (B, P+T): packed index of each real token
@@ -289,7 +298,7 @@ def trim_padding(batch: dict[str, Tensor]) -> tuple[dict[str, Tensor], int]:
     """The batch without its all-padding columns: leading prompt columns and trailing response
     columns that are padding in every row; and the original response width T."""
     prompt = batch["prompt_mask"].gt(0).any(0)  # (P,)
-    response = batch["response_mask"].gt(0).any(0)  # (T,)
+    response = response_tokens(batch).any(0)  # (T,)
     t = response.shape[0]
     first = int(prompt.long().argmax()) if bool(prompt.any()) else prompt.shape[0] - 1
     first = min(first, max(prompt.shape[0] - 1, 0))  # keep at least one prompt column
@@ -297,8 +306,9 @@ def trim_padding(batch: dict[str, Tensor]) -> tuple[dict[str, Tensor], int]:
     view = dict(batch)
     for key in ("prompt_ids", "prompt_mask"):
         view[key] = batch[key][:, first:]
-    for key in ("response_ids", "response_mask"):
-        view[key] = batch[key][:, :last]
+    for key in ("response_ids", "response_mask", "observation_mask"):
+        if key in batch:
+            view[key] = batch[key][:, :last]
     return view, t
 
 

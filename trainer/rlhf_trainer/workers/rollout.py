@@ -36,6 +36,9 @@ class RolloutWorker(Worker):
         )
         self.version = 0
         self.sync: Any = None
+        from rlhf_trainer.rollout.multiturn import EpisodeGenerator
+
+        self.episodes = EpisodeGenerator(self.spec.rollout)
 
     def pid(self) -> int:
         """This replica's process id (the kill tests and the logs name it)."""
@@ -114,6 +117,6 @@ class RolloutWorker(Worker):
         if delay_per_prompt > 0:
             time.sleep(delay_per_prompt * len(prompt_ids))
         self.engine.set_seed(step_seed(self.spec.training.seed, step, self.rank, stream=1))
-        out = self.engine.generate(prompt_ids, n, greedy=greedy).to_dict()
+        out = self.episodes.generate(self.engine, prompt_ids, n, greedy=greedy).to_dict()
         out["policy_version"] = torch.full((len(out["prompt_index"]),), self.version, dtype=torch.long)
         return out  # type: ignore[no-any-return]

@@ -1,0 +1,252 @@
+"""The built-in algorithms' params as the CRD sees them: the schema of `spec.algorithm.params`
+(every built-in's keys, typed and bounded), the rules keyed on the algorithm's name (each key
+only for the algorithms that take it, each class's `CEL_RULES` with unset params at their
+defaults), the job's group-size rule, and the params' section of the manifest reference.
+
+The params themselves (their types, defaults and rules) are `algorithm_params`; this module only
+renders them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import typing
+from typing import Any
+
+from rlhf_api.algorithm_params import (
+    BUILTIN_PARAMS,
+    IMPORT_PATH_RE,
+    Choices,
+    _names_in,
+    _options,
+    _type_name,
+    bounds_text,
+    camel,
+    class_rules,
+)
+
+
+def _union() -> dict[str, list[tuple[str, dataclasses.Field[Any], Any]]]:
+    """camelCase key -> [(algorithm, field, type hint)] over the built-ins."""
+    out: dict[str, list[tuple[str, dataclasses.Field[Any], Any]]] = {}
+    for algo, cls in BUILTIN_PARAMS.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            out.setdefault(camel(f.name), []).append((algo, f, hints[f.name]))
+    return out
+
+
+def _cel_list(names: list[str] | tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+
+
+def params_schema() -> dict[str, Any]:
+    """Schema of `spec.algorithm.params`: every built-in's keys, typed and bounded."""
+    props: dict[str, Any] = {}
+    for key, uses in _union().items():
+        _, f, hint = uses[0]
+        options = [o for o in _options(hint) if o is not type(None)]
+        kind = {bool: "boolean", int: "integer", float: "number", str: "string"}[options[0]]
+        schema: dict[str, Any] = {"type": kind}
+        if type(None) in _options(hint):
+            schema["nullable"] = True
+        meta = f.metadata
+        if meta.get("minimum") is not None:
+            schema["minimum"] = meta["minimum"]
+            if meta.get("exclusive_minimum"):
+                schema["exclusiveMinimum"] = True
+        if meta.get("maximum") is not None:
+            schema["maximum"] = meta["maximum"]
+            if meta.get("exclusive_maximum"):
+                schema["exclusiveMaximum"] = True
+        choices = meta.get("choices")
+        if isinstance(choices, Choices) and not choices.open:
+            schema["enum"] = list(choices.names)
+        elif isinstance(choices, Choices):
+            schema["x-kubernetes-validations"] = [
+                {
+                    "rule": f"self in {_cel_list(choices.names)} || self.matches('{IMPORT_PATH_RE}')",
+                    "messageExpression": f"'\"' + self + '\" is not valid; valid: {choices.describe()}'",
+                }
+            ]
+        defaults: dict[str, list[str]] = {}
+        for algo, g, _ in uses:
+            defaults.setdefault(json.dumps(g.default), []).append(algo)
+        default_text = "; ".join(f"{value} ({', '.join(algos)})" for value, algos in defaults.items())
+        doc = str(meta.get("doc", ""))
+        if isinstance(choices, Choices):
+            doc += f" One of: {choices.describe()}."
+        bounds = bounds_text(meta)
+        schema["description"] = (
+            doc
+            + (f" Valid: {bounds}." if bounds else "")
+            + f" Default: {default_text}. Taken by: {', '.join(a for a, _, _ in uses)}."
+        )
+        props[key] = schema
+    return {
+        "type": "object",
+        "description": "Hyperparameters of a built-in algorithm (camelCase keys; each key names the algorithms "
+        "that take it and their defaults). A key the chosen algorithm does not take is refused. A custom "
+        "algorithm may use these keys too; its own go in customParams.",
+        "properties": props,
+    }
+
+
+def _with_defaults(expr: str, algo: str) -> str:
+    """`expr` over bare param names, each replaced by `self.params.X` or its default when unset.
+    A rule reading a param whose default is None holds while that param is unset (as in
+    `AlgorithmParams.validate`): it is guarded by `has(self.params.X)`."""
+    cls = BUILTIN_PARAMS[algo]
+    guards = [
+        f"!has(self.params.{camel(f.name)})"
+        for f in dataclasses.fields(cls)
+        if f.default is None and re.search(rf"(?<![\w.']){camel(f.name)}(?![\w'])", expr)
+    ]
+    for f in dataclasses.fields(cls):
+        key = camel(f.name)
+        if f.default is None:
+            expr = re.sub(rf"(?<![\w.']){key}(?![\w'])", f"self.params.{key}", expr)
+            continue
+        default = f.default if not isinstance(f.default, str) else f"'{f.default}'"
+        default = json.dumps(default) if isinstance(default, bool) else default
+        if isinstance(default, float):
+            default = repr(default)
+        expr = re.sub(
+            rf"(?<![\w.']){key}(?![\w'])",
+            f"(has(self.params.{key}) ? self.params.{key} : {default})",
+            expr,
+        )
+    return " || ".join([*guards, f"({expr})"]) if guards else expr
+
+
+#: Advantage estimators whose baseline is the other samples of the prompt's group: a group of
+#: one has none (grpo, rloo: every advantage 0 or the raw score, and nothing says so).
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+
+
+def group_relative_algorithms() -> list[str]:
+    """The built-ins whose default advantage estimator is group-relative (`GROUP_ESTIMATORS`)."""
+    return [
+        algo
+        for algo, cls in BUILTIN_PARAMS.items()
+        if "advantage_estimator" in cls.__dataclass_fields__  # type: ignore[attr-defined]
+        and cls.__dataclass_fields__["advantage_estimator"].default in GROUP_ESTIMATORS  # type: ignore[attr-defined]
+    ]
+
+
+def group_size_rule() -> tuple[Any, ...]:
+    """The job's rule (CEL over the spec): a group-relative advantage (the algorithm's default
+    estimator, or `params.advantageEstimator` when set) needs samplesPerPrompt >= 2."""
+    estimator = "self.algorithm.params.advantageEstimator"
+    grouped = (
+        f"(has({estimator}) ? {estimator} in {_cel_list(GROUP_ESTIMATORS)}"
+        f" : self.algorithm.name in {_cel_list(group_relative_algorithms())})"
+    )
+    why = (
+        "a group-relative advantage (algorithms "
+        + ", ".join(group_relative_algorithms())
+        + "; advantageEstimator "
+        + ", ".join(GROUP_ESTIMATORS)
+        + ") has no baseline in a group of one"
+    )
+    return (
+        f"!{grouped} || self.rollout.samplesPerPrompt >= 2",
+        f"spec.rollout.samplesPerPrompt must be >= 2: {why}",
+        {
+            "fieldPath": ".rollout.samplesPerPrompt",
+            "messageExpression": "'spec.rollout.samplesPerPrompt must be >= 2 for algorithm ' + self.algorithm.name"
+            f" + ' (' + (has({estimator}) ? 'advantageEstimator ' + {estimator} : 'its default advantage "
+            "estimator') + ' is group-relative: a group of one has no baseline, every advantage would be 0); "
+            "got 1'",
+        },
+    )
+
+
+def cel_rules() -> list[tuple[Any, ...]]:
+    """Rules of `spec.algorithm` (CEL, `self` is the algorithm): each key of `params` must be one
+    the chosen built-in takes; each built-in's cross-field rules; customParams only for a custom
+    algorithm."""
+    names = list(BUILTIN_PARAMS)
+    valid_by_algo = (
+        "{"
+        + ", ".join(
+            f"'{a}': '{', '.join(camel(f.name) for f in dataclasses.fields(c))}'"
+            for a, c in BUILTIN_PARAMS.items()
+        )
+        + "}"
+    )
+    rules: list[tuple[Any, ...]] = []
+    for key, uses in _union().items():
+        lacking = [a for a in names if a not in {u[0] for u in uses}]
+        if not lacking:
+            continue
+        rules.append(
+            (
+                f"!has(self.params.{key}) || !(self.name in {_cel_list(lacking)})",
+                f"params.{key} is not a parameter of this algorithm",
+                {
+                    "fieldPath": f".params.{key}",
+                    "messageExpression": f"'params.{key} is not a parameter of ' + self.name + '; valid: ' + "
+                    f"{valid_by_algo}[self.name]",
+                },
+            )
+        )
+    for algo, cls in BUILTIN_PARAMS.items():
+        keys = {camel(f.name): None for f in dataclasses.fields(cls)}
+        for expr, message in class_rules(cls):
+            # The message names the param the rule reads first.
+            first = min(
+                _names_in(expr, keys), key=lambda k: re.search(rf"(?<![\w.']){k}(?![\w'])", expr).start()
+            )  # type: ignore[union-attr]
+            rules.append(
+                (
+                    f"self.name != '{algo}' || ({_with_defaults(expr, algo)})",
+                    f"{algo}: {message}",
+                    {"fieldPath": f".params.{first}"},
+                )
+            )
+    rules.append(
+        (
+            # (no size(): CEL sees no fields of a free-form object, only whether it is set)
+            f"!has(self.customParams) || !(self.name in {_cel_list(names)})",
+            "customParams are for a custom algorithm (an import path); a built-in's params go in params",
+            {"fieldPath": ".customParams"},
+        )
+    )
+    return rules
+
+
+def reference_markdown() -> str:
+    """The manifest reference's section on each built-in's params: key, type, default, bounds, doc."""
+    lines = [
+        "## `spec.algorithm.params` by algorithm",
+        "",
+        "Keys are camelCase; a key the chosen algorithm does not take is refused (by the API server and "
+        "`rlhf validate`). A custom algorithm (`name: package.module:Class`) may use these keys and puts its "
+        "own in `customParams`.",
+        "",
+    ]
+    for algo, cls in BUILTIN_PARAMS.items():
+        lines += [
+            f"### `{algo}`",
+            "",
+            (cls.__doc__ or "").strip(),
+            "",
+            "| param | type | default | valid | description |",
+            "|---|---|---|---|---|",
+        ]
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            choices = f.metadata.get("choices")
+            valid = bounds_text(f.metadata) or (choices.describe() if isinstance(choices, Choices) else "")
+            lines.append(
+                f"| `{camel(f.name)}` | {_type_name(hints[f.name]).replace(' | None', ' or null')} | `{json.dumps(f.default)}` | {valid} | "
+                f"{f.metadata.get('doc', '')} |"
+            )
+        rules = class_rules(cls)
+        if rules:
+            lines += ["", "Cross-field rules: " + "; ".join(message for _, message in rules) + "."]
+        lines.append("")
+    return "\n".join(lines)
