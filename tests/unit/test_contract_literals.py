@@ -28,7 +28,7 @@ STATUS_MODULES = (
     "operator/rlhf_operator/executor.py",
     "operator/rlhf_operator/autoscaler.py",
     "trainer/rlhf_trainer/run_cli.py",
-    "trainer/rlhf_trainer/sync/cluster_membership.py",
+    "trainer/rlhf_trainer/fleet/cluster_membership.py",
 )
 
 

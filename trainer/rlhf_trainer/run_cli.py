@@ -270,7 +270,7 @@ class StatusReporter:
     ):
         import time
 
-        from rlhf_trainer.sync.cluster_membership import API_REQUEST_TIMEOUT
+        from rlhf_trainer.fleet.cluster_membership import API_REQUEST_TIMEOUT
 
         self.api = api
         self.name = name
