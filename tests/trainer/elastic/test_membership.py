@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from rlhf_api import contract
-from rlhf_trainer.fleet.cluster_membership import ClusterMembership, KubernetesJob, rollout_target
+from rlhf_trainer.fleet.cluster_membership import (
+    API_REQUEST_TIMEOUT,
+    ClusterMembership,
+    KubernetesJob,
+    rollout_target,
+)
 from rlhf_trainer.fleet.membership import PolicyMembership, Target, matches, plan_change
 
 from .fake_job import FakeJob
@@ -114,14 +119,17 @@ def test_cluster_membership_only_in_a_pod(monkeypatch):
 
 def test_kubernetes_job_reads_and_patches_the_named_job():
     calls: list[tuple[str, tuple[Any, ...]]] = []
+    timeouts: list[Any] = []
 
     class Api:
-        def get_namespaced_custom_object(self, *args: Any) -> dict[str, Any]:
+        def get_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
             calls.append(("get", args))
+            timeouts.append(kwargs.get("_request_timeout"))
             return {"status": {"rollout": {"desired": 2, "generation": 5}}}
 
-        def patch_namespaced_custom_object_status(self, *args: Any) -> None:
+        def patch_namespaced_custom_object_status(self, *args: Any, **kwargs: Any) -> None:
             calls.append(("patch", args))
+            timeouts.append(kwargs.get("_request_timeout"))
 
     source = ClusterMembership(KubernetesJob(Api(), "grpo", "team-a"))
     assert source.target(0, {}) == Target(2, 5)
@@ -131,6 +139,7 @@ def test_kubernetes_job_reads_and_patches_the_named_job():
         ("get", where),
         ("patch", (*where, {"status": {"rollout": {"syncedGeneration": 5}}})),
     ]
+    assert timeouts == [API_REQUEST_TIMEOUT, API_REQUEST_TIMEOUT]  # no call can hang the step loop
 
 
 # -- the local source -----------------------------------------------------------------------------
