@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from rlhf_trainer.run_cli import StatusReporter
 from rlhf_trainer.fleet.cluster_membership import API_REQUEST_TIMEOUT, KubernetesJob
+from rlhf_trainer.run_cli import StatusReporter
 
 
 class RecordingApi:

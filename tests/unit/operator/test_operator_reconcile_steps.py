@@ -14,12 +14,12 @@ import pytest
 from operator_helpers import T0, at, job, names, phase, running, scheduled, unschedulable, with_record
 
 from rlhf_api.loader import parse_job
-from rlhf_operator import children, reconcile
+from rlhf_operator import children, pass_state, reconcile
 from rlhf_operator.status import rfc3339
 
 ALL = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0", "j-rollout-0", "j-rollout-1"]
 GANG = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0"]
-DONE, NEXT = reconcile.DONE, reconcile.NEXT
+DONE, NEXT = pass_state.DONE, pass_state.NEXT
 Pod = dict[str, Any]
 State = Callable[[Pod], Pod]
 
@@ -47,10 +47,10 @@ def pods_(b: dict[str, Any], attempt: int = 0, state: State = running, **by_name
 
 
 def run_to(
-    step: reconcile.Step, b: dict[str, Any], pods: list[Pod], t: float = 0
-) -> tuple[reconcile.Pass, bool]:
+    step: pass_state.Step, b: dict[str, Any], pods: list[Pod], t: float = 0
+) -> tuple[pass_state.Pass, bool]:
     """The pass up to `step` (each earlier step must hand on), then `step`: (pass, whether it ended)."""
-    p = reconcile.Pass.start(b, pods, at(t))
+    p = pass_state.Pass.start(b, pods, at(t))
     for s in reconcile.STEPS:
         if s is step:
             return p, step(p)
@@ -58,12 +58,12 @@ def run_to(
     raise AssertionError(f"{step.__name__} is not a step")
 
 
-def cond(p: reconcile.Pass, type_: str) -> tuple[str, str] | None:
+def cond(p: pass_state.Pass, type_: str) -> tuple[str, str] | None:
     c = p.condition(type_)
     return (c["status"], c["reason"]) if c else None
 
 
-def events(p: reconcile.Pass) -> list[str]:
+def events(p: pass_state.Pass) -> list[str]:
     return [e.reason for e in p.out.events]
 
 
