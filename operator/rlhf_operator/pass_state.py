@@ -31,7 +31,7 @@ OPERATOR_KEYS = (
     "countedRestarts",
     "startTime",
     "completionTime",
-    "rollout",
+    contract.STATUS_ROLLOUT,
     "summary",
 )
 ROLLOUT_KEYS = (
@@ -87,8 +87,8 @@ class Plan:
 def operator_status(status: dict[str, Any]) -> dict[str, Any]:
     """The part of a status the operator writes, as the API server stores it after a merge patch
     (null values removed): compare an old status with a plan's through this."""
-    out = {k: status[k] for k in OPERATOR_KEYS if k in status and k != "rollout"}
-    if "rollout" in status:
+    out = {k: status[k] for k in OPERATOR_KEYS if k in status and k != contract.STATUS_ROLLOUT}
+    if contract.STATUS_ROLLOUT in status:
         out[contract.STATUS_ROLLOUT] = {
             k: v for k, v in (status.get(contract.STATUS_ROLLOUT) or {}).items() if k in ROLLOUT_KEYS
         }
@@ -122,7 +122,6 @@ def is_terminal(pod: dict[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
-
 # -- one pass -------------------------------------------------------------------------------------
 
 
@@ -142,9 +141,9 @@ class Pass:
     pods: list[dict[str, Any]]
     #: Labelled pods the job does not own: their names are held, never adopted.
     foreign: list[dict[str, Any]]
-    #: The operator's keys of the new status (the plan's `status`).
-    st: dict[str, Any]
-    out: Plan
+    #: The plan being built; its `status` (the operator's keys of the new status) is `status`.
+    plan: Plan
+    #: The conditions of the new status, written into it when the pass finishes.
     conditions: list[dict[str, Any]]
     #: The phase the pass works from: the job's, until a step moves it (resume, all pods created).
     phase: str
@@ -176,7 +175,7 @@ class Pass:
         # The restarts come from the operator's own record (annotations on the job), never from
         # `status.restarts`, which a pod may write where the status policy is absent.
         restarts, counted = restart_record.read(meta, owned, MAX_RESTARTS)
-        st: dict[str, Any] = {
+        status: dict[str, Any] = {
             "phase": phase if phase in PHASES else "Pending",
             "observedGeneration": meta.get("generation", 0),
             "restarts": restarts,
@@ -184,11 +183,16 @@ class Pass:
         }
         for key in ("startTime", "completionTime"):
             if old.get(key):
-                st[key] = old[key]
+                status[key] = old[key]
         conditions = list(old.get("conditions") or [])
-        return cls(now, body, meta, old, owned, foreign, st, Plan(status=st), conditions, phase)
+        return cls(now, body, meta, old, owned, foreign, Plan(status=status), conditions, phase)
 
     # -- what the steps read -------------------------------------------------------------------
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """The new status being built (the operator's keys; the plan's `status`)."""
+        return self.plan.status
 
     @property
     def name(self) -> str:
@@ -200,8 +204,8 @@ class Pass:
 
     @property
     def job(self) -> RLTrainingJob:
-        assert self.out.job is not None, "a step after parse_spec"
-        return self.out.job
+        assert self.plan.job is not None, "a step after parse_spec"
+        return self.plan.job
 
     @property
     def spec(self) -> JobSpec:
@@ -253,43 +257,43 @@ class Pass:
             self.cond(type_, False, reason, message)
 
     def transition(self, new_phase: str, reason: str, message: str, warning: bool = False) -> None:
-        if self.st["phase"] != new_phase:
-            self.out.events.append(Event("Warning" if warning else "Normal", reason, message))
-        self.st["phase"] = new_phase
+        if self.status["phase"] != new_phase:
+            self.plan.events.append(Event("Warning" if warning else "Normal", reason, message))
+        self.status["phase"] = new_phase
 
     def finish_job(self, phase: str, reason: str, message: str, event: tuple[str, str] | None = None) -> None:
         """Succeeded or Failed: the completion time, the phase's condition (and its Event, or
         `event`'s reason and message), the nodes freed, the TTL's wake-up."""
-        self.st["completionTime"] = rfc3339(self.now)
+        self.status["completionTime"] = rfc3339(self.now)
         self.cond(phase, True, reason, message)
         self.clear(RUNNING, phase)
         self.transition(phase, *(event or (reason, message)), warning=phase == FAILED)
-        self.out.delete.extend(self.unfinished())
+        self.plan.delete.extend(self.unfinished())
         if self.spec.ttl_seconds_after_finished is not None:
-            self.out.requeue(self.spec.ttl_seconds_after_finished)
+            self.plan.requeue(self.spec.ttl_seconds_after_finished)
 
     def _done_with(self) -> list[dict[str, Any]]:
         """Pods the job is done with: deleted by this plan, being deleted, terminated, or all of
         them once the job is suspended or finished (their Kueue pod groups get released)."""
-        if self.st["phase"] in (*FINISHED, "Suspended"):
+        if self.status["phase"] in (*FINISHED, "Suspended"):
             return self.pods
-        deleting = {x["metadata"]["name"] for x in self.out.delete}
+        deleting = {x["metadata"]["name"] for x in self.plan.delete}
         return [x for x in self.pods if x["metadata"]["name"] in deleting or is_deleting(x) or is_terminal(x)]
 
     def finish(self) -> Plan:
-        st, old = self.st, self.old
-        st["conditions"] = self.conditions
-        self.out.record = restart_record.to_write(self.meta, st["restarts"], st["countedRestarts"])
-        if st["countedRestarts"] == st["restarts"]:  # written only once a restart went uncounted
-            del st["countedRestarts"]
+        status, old = self.status, self.old
+        status["conditions"] = self.conditions
+        self.plan.record = restart_record.to_write(self.meta, status["restarts"], status["countedRestarts"])
+        if status["countedRestarts"] == status["restarts"]:  # written only once a restart went uncounted
+            del status["countedRestarts"]
             if "countedRestarts" in old:
-                st["countedRestarts"] = None  # the merge patch removes it
-        unique = {p["metadata"]["name"]: p for p in self.out.delete}
-        self.out.delete[:] = list(unique.values())
-        self.out.release = kueue.to_release(self._done_with())
-        prev_rollout = old.get("rollout") or {}
-        st.setdefault(
-            "rollout",
+                status["countedRestarts"] = None  # the merge patch removes it
+        unique = {p["metadata"]["name"]: p for p in self.plan.delete}
+        self.plan.delete[:] = list(unique.values())
+        self.plan.release = kueue.to_release(self._done_with())
+        prev_rollout = old.get(contract.STATUS_ROLLOUT) or {}
+        status.setdefault(
+            contract.STATUS_ROLLOUT,
             {k: prev_rollout[k] for k in ROLLOUT_KEYS if k in prev_rollout}
             or {
                 contract.ROLLOUT_DESIRED: 0,
@@ -298,9 +302,11 @@ class Pass:
                 contract.ROLLOUT_GENERATION: 0,
             },
         )
-        total = self.out.job.spec.training.steps if self.out.job else 0
-        st["summary"] = summary({**old, **st, "progress": old.get("progress") or {}}, total)
-        return self.out
+        total = self.plan.job.spec.training.steps if self.plan.job else 0
+        status["summary"] = summary(
+            {**old, **status, contract.STATUS_PROGRESS: old.get(contract.STATUS_PROGRESS) or {}}, total
+        )
+        return self.plan
 
 
 #: A step of the pass: True ends the pass (the plan is complete), False hands on to the next.

@@ -86,31 +86,31 @@ def parse_spec(p: Pass) -> bool:
         no_image = images.missing_image(job.spec)
         if no_image:
             raise SpecError([no_image])
-        p.out.job = job
+        p.plan.job = job
     except SpecError as err:
         _invalid(p, "InvalidSpec", "; ".join(err.errors))
         return DONE
     refused = tenant_limits.refusal(p.job.spec, p.limits)
     if refused is not None:
-        p.out.job = None  # nothing is built from it: no pods, no static children
+        p.plan.job = None  # nothing is built from it: no pods, no static children
         _invalid(p, *refused)
         return DONE
     return NEXT
 
 
 def _invalid(p: Pass, reason: str, message: str) -> None:
-    p.out.invalid = message
+    p.plan.invalid = message
     if p.phase != "Failed":
-        p.st["completionTime"] = rfc3339(p.now)
+        p.status["completionTime"] = rfc3339(p.now)
     p.cond(FAILED, True, reason, message)
     p.transition("Failed", reason, message, warning=True)
 
 
 def sort_attempts(p: Pass) -> bool:
     """The current attempt's pods (label restart-attempt = restarts) count; older ones are deleted."""
-    p.attempt = p.st["restarts"]
+    p.attempt = p.status["restarts"]
     p.current = [x for x in p.pods if attempt_of(x) == p.attempt]
-    p.out.delete.extend(x for x in p.pods if attempt_of(x) != p.attempt and not is_deleting(x))
+    p.plan.delete.extend(x for x in p.pods if attempt_of(x) != p.attempt and not is_deleting(x))
     p.by_name = {x["metadata"]["name"]: x for x in p.pods}
     return NEXT
 
@@ -119,13 +119,13 @@ def finished(p: Pass) -> bool:
     """Succeeded or Failed: free the nodes, keep terminated pods for their logs, honour the TTL."""
     if p.phase not in FINISHED:
         return NEXT
-    p.out.delete.extend(p.unfinished())
+    p.plan.delete.extend(p.unfinished())
     left = ttl.seconds_left(parse_time(p.old.get("completionTime")), p.spec.ttl_seconds_after_finished, p.now)
     if left is not None:
         if left <= 0:
-            p.out.delete_job = True
+            p.plan.delete_job = True
         else:
-            p.out.requeue(left)
+            p.plan.requeue(left)
     return DONE
 
 
@@ -133,7 +133,7 @@ def suspended(p: Pass) -> bool:
     """spec.suspend: remove every pod (checkpoints stay), phase Suspended."""
     if not p.spec.suspend:
         return NEXT
-    p.out.delete.extend(suspend.pods_to_remove(p.current))
+    p.plan.delete.extend(suspend.pods_to_remove(p.current))
     p.cond(SUSPENDED, True, "Suspended", "spec.suspend is true: pods removed, checkpoints kept")
     p.clear(SCHEDULED, "Suspended")
     p.clear(RUNNING, "Suspended")
@@ -168,7 +168,7 @@ def kueue_stopped(p: Pass) -> bool:
         return NEXT
     why = ": ".join(str(v) for v in (hit.get("reason"), hit.get("message")) if v) or "stopped"
     message = f"Kueue stopped pod group {group} ({why}): pods removed, checkpoints kept; the job queues again"
-    p.out.delete.extend(suspend.pods_to_remove(p.current))
+    p.plan.delete.extend(suspend.pods_to_remove(p.current))
     p.cond(SUSPENDED, True, "StoppedByKueue", message)
     p.clear(SCHEDULED, "StoppedByKueue")
     p.clear(RUNNING, "StoppedByKueue")
@@ -240,9 +240,12 @@ def act_on_failures(p: Pass) -> bool:
     acting = [f for f in p.failures if f.acting]
     if not acting or p.phase == "Restarting":
         return NEXT
-    st = p.st
+    status = p.status
     decision = failure_policy.decide(
-        p.spec.failure_policy, acting, st["countedRestarts"], st["restarts"] - st["countedRestarts"]
+        p.spec.failure_policy,
+        acting,
+        status["countedRestarts"],
+        status["restarts"] - status["countedRestarts"],
     )
     detail = "; ".join(f.message for f in acting[:3])
     if decision.action == failure_policy.FAIL_JOB:
@@ -257,7 +260,7 @@ def _fail(p: Pass, decision: failure_policy.Decision, detail: str) -> None:
     policy = p.spec.failure_policy
     if decision.exhausted:
         reason = "MaxRestartsExceeded"
-        message = f"{detail}; maxRestarts ({policy.max_restarts}) exhausted after {p.st['countedRestarts']} restarts"
+        message = f"{detail}; maxRestarts ({policy.max_restarts}) exhausted after {p.status['countedRestarts']} restarts"
     elif decision.verdict.rule is not None:
         reason = "FailedByRule"
         message = f"{first.message}; the job fails: {decision.verdict.describe()}"
@@ -275,12 +278,12 @@ def _restart(p: Pass, decision: failure_policy.Decision, detail: str) -> None:
     """Every pod of this attempt deleted; the next attempt's are created after the backoff."""
     first = decision.verdict.failure
     policy = p.spec.failure_policy
-    st = p.st
-    st["restarts"] += 1
-    delay = failure_policy.backoff_seconds(policy, st["restarts"])
+    status = p.status
+    status["restarts"] += 1
+    delay = failure_policy.backoff_seconds(policy, status["restarts"])
     if decision.action == failure_policy.RESTART_GANG:
-        st["countedRestarts"] += 1
-        counted = f"gang restart {st['countedRestarts']}/{policy.max_restarts}"
+        status["countedRestarts"] += 1
+        counted = f"gang restart {status['countedRestarts']}/{policy.max_restarts}"
     else:  # a RestartGangNoCount rule
         counted = f"gang restart not counted against maxRestarts ({decision.verdict.describe()})"
     message = f"{detail}; {counted} from the last checkpoint in {delay:.0f}s"
@@ -289,14 +292,14 @@ def _restart(p: Pass, decision: failure_policy.Decision, detail: str) -> None:
     p.clear(RUNNING, "Restarting", "the gang is restarting")
     p.clear(POD_FAILURE, "GangRestart", first.message)  # the next attempt's problems are new ones
     p.transition("Restarting", "GangRestart", message, warning=True)
-    p.out.delete.extend(x for x in p.current if not is_deleting(x))  # now stale: a new attempt begins
-    st["rollout"] = {
+    p.plan.delete.extend(x for x in p.current if not is_deleting(x))  # now stale: a new attempt begins
+    status[contract.STATUS_ROLLOUT] = {
         contract.ROLLOUT_DESIRED: p.rollout_desired,
         contract.ROLLOUT_READY: 0,
         contract.ROLLOUT_SELECTOR: children.selector(p.name, "rollout"),
         contract.ROLLOUT_GENERATION: _generation(p.old, contract.ROLLOUT_GENERATION) + 1,
     }
-    p.out.requeue(delay)
+    p.plan.requeue(delay)
 
 
 def report_problems(p: Pass) -> bool:
@@ -310,11 +313,11 @@ def report_problems(p: Pass) -> bool:
             reported.append(f)
     for f in reported:
         if not f.acting:
-            p.out.requeue(f.act_in)
+            p.plan.requeue(f.act_in)
     timeout = p.spec.scheduling.timeout_seconds
     for pod in p.current:
         if (left := pod_health.seconds_to_start_timeout(pod, p.now, timeout)) is not None and left > 0:
-            p.out.requeue(left)
+            p.plan.requeue(left)
     if reported:
         _report(p, reported)
     else:
@@ -342,7 +345,7 @@ def _report(p: Pass, reported: list[failure_policy.PodFailure]) -> None:
         more = f" and {len(others) - 5} more" if len(others) > 5 else ""
         message += f"; also pods {', '.join(others[:5])}{more}"
     if not same:
-        p.out.events.append(Event("Warning", report.reason, message))
+        p.plan.events.append(Event("Warning", report.reason, message))
     elif "BackOff" in message and "BackOff" not in str(was.get("message")):
         message = str(was.get("message"))  # keep the pull error itself, not the kubelet's back-off line
     p.cond(POD_FAILURE, True, report.reason, message)
@@ -353,13 +356,12 @@ def restart_backoff(p: Pass) -> bool:
     if p.phase != "Restarting":
         return NEXT
     since = p.since(RESTARTING)
-    wait = failure_policy.backoff_seconds(p.spec.failure_policy, p.st["restarts"])
+    wait = failure_policy.backoff_seconds(p.spec.failure_policy, p.status["restarts"])
     left = wait - ((p.now - since).total_seconds() if since else wait)
     if left > 0:
-        p.out.requeue(left)
+        p.plan.requeue(left)
         return DONE
     return NEXT
-
 
 
 def _generation(status: dict[str, Any], key: str) -> int:
@@ -371,7 +373,7 @@ def _generation(status: dict[str, Any], key: str) -> int:
 def rollout_fleet(p: Pass) -> bool:
     """The elastic fleet through the resharding protocol (`rollout.plan_rollout`): failed members
     replaced alone, leavers drained before deletion, the generation bumped on each change."""
-    raw = p.old.get("rollout")
+    raw = p.old.get(contract.STATUS_ROLLOUT)
     prev: dict[str, Any] = raw if isinstance(raw, dict) else {}
     rplan = rollout.plan_rollout(
         [x for x in p.current if labels_of(x).get(contract.ROLE) == "rollout"],
@@ -385,14 +387,14 @@ def rollout_fleet(p: Pass) -> bool:
         job_started=p.phase in ("Scheduling", "Running"),
         failure_of=p.replace_alone,
     )
-    p.out.delete.extend(rplan.delete)
+    p.plan.delete.extend(rplan.delete)
     for msg in rplan.failures:
-        p.out.events.append(Event("Warning", "RolloutReplicaFailed", msg))
+        p.plan.events.append(Event("Warning", "RolloutReplicaFailed", msg))
     for msg in rplan.changes:
-        p.out.events.append(
+        p.plan.events.append(
             Event("Normal", "RolloutMembershipChanged", f"{msg} (generation {rplan.generation})")
         )
-    p.st["rollout"] = {
+    p.status[contract.STATUS_ROLLOUT] = {
         contract.ROLLOUT_DESIRED: p.rollout_desired,
         contract.ROLLOUT_READY: rplan.ready,
         contract.ROLLOUT_SELECTOR: children.selector(p.name, "rollout"),
@@ -411,12 +413,12 @@ def create_missing(p: Pass) -> bool:
     held = {x["metadata"]["name"]: x for x in p.foreign}
     for name, (role, index) in p.desired_gang.items():
         if name not in p.by_name and name not in held:
-            p.out.create.append(children.build_pod(p.job, role, index, p.attempt, p.incarnation))
-    p.out.create.extend(
+            p.plan.create.append(children.build_pod(p.job, role, index, p.attempt, p.incarnation))
+    p.plan.create.extend(
         pod for name, pod in p.desired_rollout.items() if name not in p.by_name and name not in held
     )
     want = [*p.desired_gang, *p.desired_rollout]
-    p.out.blocked.extend(ownership.not_owned(held[name], p.uid) for name in sorted(want) if name in held)
+    p.plan.blocked.extend(ownership.not_owned(held[name], p.uid) for name in sorted(want) if name in held)
     return NEXT
 
 
@@ -441,7 +443,7 @@ def all_created(p: Pass) -> bool:
     if len(p.members) != p.expected:
         return DONE
     if p.phase == "Restarting":
-        p.cond(RESTARTING, False, "PodsRecreated", f"restart {p.st['restarts']}: every pod recreated")
+        p.cond(RESTARTING, False, "PodsRecreated", f"restart {p.status['restarts']}: every pod recreated")
     p.cond(SCHEDULED, False, "WaitingForScheduler", f"{p.expected} pods created", restart_clock=True)
     p.transition("Scheduling", "PodsCreated", f"all {p.expected} pods of attempt {p.attempt} created")
     p.phase = "Scheduling"
@@ -464,19 +466,19 @@ def all_scheduled(p: Pass) -> bool:
     waited = (p.now - since).total_seconds() if since else 0.0
     timeout = p.spec.scheduling.timeout_seconds
     if not gang.timed_out(waited, timeout):
-        p.out.requeue(timeout - waited)
+        p.plan.requeue(timeout - waited)
         return NEXT
     message = f"{p.expected - state.scheduled}/{p.expected} pods unscheduled after {timeout}s: {state.reason}"
     if not condition_is({"conditions": p.conditions}, UNSCHEDULABLE):
-        p.out.events.append(Event("Warning", "Unschedulable", message))
+        p.plan.events.append(Event("Warning", "Unschedulable", message))
     p.cond(UNSCHEDULABLE, True, "Unschedulable", message)
     if p.spec.scheduling.on_timeout != "fail":
         return NEXT
-    p.st["completionTime"] = rfc3339(p.now)
+    p.status["completionTime"] = rfc3339(p.now)
     p.cond(FAILED, True, "Unschedulable", message)
     p.transition("Failed", "Unschedulable", message, warning=True)
-    p.out.create.clear()
-    p.out.delete.extend(x for x in p.current if not is_deleting(x) and x not in p.out.delete)
+    p.plan.create.clear()
+    p.plan.delete.extend(x for x in p.current if not is_deleting(x) and x not in p.plan.delete)
     return DONE
 
 
@@ -504,7 +506,7 @@ def all_running(p: Pass) -> bool:
     """Scheduling: once every pod runs, Running (startTime set once)."""
     if p.phase == "Scheduling" and gang.gang_state(p.members, p.expected).all_running:
         p.cond(RUNNING, True, "AllRunning", f"all {p.expected} pods running")
-        p.st.setdefault("startTime", rfc3339(p.now))
+        p.status.setdefault("startTime", rfc3339(p.now))
         p.transition("Running", "Running", f"all {p.expected} pods running")
     return DONE
 
@@ -551,4 +553,3 @@ def plan(
         if step(p) is DONE:
             break
     return p.finish()
-

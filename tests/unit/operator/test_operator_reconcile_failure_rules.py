@@ -23,7 +23,9 @@ FATAL_EXIT = {"action": "FailJob", "onReasons": ["ContainerExitCode"], "exitCode
 RETRY_PULLS = {"action": "RestartGang", "onReasons": ["ImagePullFailed"]}
 
 
-def step(body: dict[str, Any], pods: list[dict[str, Any]], t: float) -> tuple[pass_state.Plan, dict[str, Any]]:
+def step(
+    body: dict[str, Any], pods: list[dict[str, Any]], t: float
+) -> tuple[pass_state.Plan, dict[str, Any]]:
     plan = reconcile.plan(body, pods, at(t))
     return plan, with_status(body, plan.status)
 

@@ -23,7 +23,9 @@ PULL_ERROR = (
 )
 
 
-def step(body: dict[str, Any], pods: list[dict[str, Any]], t: float) -> tuple[pass_state.Plan, dict[str, Any]]:
+def step(
+    body: dict[str, Any], pods: list[dict[str, Any]], t: float
+) -> tuple[pass_state.Plan, dict[str, Any]]:
     plan = reconcile.plan(body, pods, at(t))
     return plan, with_status(body, plan.status)
 
@@ -344,7 +346,9 @@ def test_invalid_child_fails_the_job() -> None:
     # The next pass frees what was created; a finished job reports nothing more.
     plan, _ = step(body, pods_at(body, running), 2)
     assert names(plan.delete) == ALL
-    assert child_failures.report_children(body["status"], None, True, at(3)) == child_failures.ChildrenReport()
+    assert (
+        child_failures.report_children(body["status"], None, True, at(3)) == child_failures.ChildrenReport()
+    )
 
 
 def test_pods_showing_the_same_problem_one_after_the_other_make_one_event() -> None:
