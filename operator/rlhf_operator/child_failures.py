@@ -12,10 +12,10 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhf_api.status import CHILD_FAILURE, FAILED, FINISHED, RUNNING
+from rlhf_api.status import CHILD_FAILURE, FAILED, FINISHED, RUNNING, parse_time, rfc3339
 from rlhf_operator import failure_policy
 from rlhf_operator.pass_state import Event
-from rlhf_operator.status import condition_is, get_condition, parse_time, rfc3339, set_condition
+from rlhf_operator.status import condition_is, get_condition, set_condition
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Any
 from rlhf_api import contract
 from rlhf_api.autoscale import MetricError, MetricSource
 from rlhf_api.fields import SpecError
-from rlhf_api.status import FINISHED
+from rlhf_api.status import FINISHED, rfc3339
 from rlhf_operator import (
     autoscaler,
     cache,
@@ -41,7 +41,6 @@ from rlhf_operator import (
     tenant_limits,
 )
 from rlhf_operator.pass_state import Event, Plan
-from rlhf_operator.status import rfc3339
 
 log = logging.getLogger("rlhf_operator")
 

@@ -18,9 +18,9 @@ from typing import Any
 
 from rlhf_api import contract
 from rlhf_api.job import JobSpec, RLTrainingJob
-from rlhf_api.status import FAILED, FINISHED, PHASES, RUNNING, SUSPENDED
+from rlhf_api.status import FAILED, FINISHED, PHASES, RUNNING, SUSPENDED, parse_time, rfc3339
 from rlhf_operator import children, failure_policy, kueue, ownership, restart_record, tenant_limits
-from rlhf_operator.status import get_condition, parse_time, rfc3339, set_condition, summary
+from rlhf_operator.status import get_condition, set_condition, summary
 
 #: The status keys the operator owns (progress and rollout.syncedGeneration belong to the controller pod).
 OPERATOR_KEYS = (

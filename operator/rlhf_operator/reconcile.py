@@ -44,6 +44,8 @@ from rlhf_api.status import (
     SUCCEEDED,
     SUSPENDED,
     UNSCHEDULABLE,
+    parse_time,
+    rfc3339,
 )
 from rlhf_operator import (
     children,
@@ -70,7 +72,7 @@ from rlhf_operator.pass_state import (
     is_deleting,
     labels_of,
 )
-from rlhf_operator.status import condition_is, parse_time, rfc3339
+from rlhf_operator.status import condition_is
 
 #: The largest rollout generation read from a status (a larger one is clamped to this).
 MAX_GENERATION = 2**53

@@ -12,8 +12,9 @@ import pytest
 from operator_helpers import at, job, names, running, with_status
 
 from rlhf_api.loader import parse_job
+from rlhf_api.status import rfc3339
 from rlhf_operator import child_failures, children, failure_policy, pass_state, reconcile
-from rlhf_operator.status import get_condition, rfc3339
+from rlhf_operator.status import get_condition
 
 ALL = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0", "j-rollout-0", "j-rollout-1"]
 IMAGE = "trainer:test"

@@ -14,8 +14,8 @@ import pytest
 from operator_helpers import T0, at, job, names, phase, running, scheduled, unschedulable, with_record
 
 from rlhf_api.loader import parse_job
+from rlhf_api.status import rfc3339
 from rlhf_operator import children, pass_state, reconcile
-from rlhf_operator.status import rfc3339
 
 ALL = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0", "j-rollout-0", "j-rollout-1"]
 GANG = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0"]
