@@ -128,7 +128,7 @@ def is_terminal(pod: dict[str, Any]) -> bool:
 @dataclass
 class Pass:
     """The state of one reconcile pass, shared by its steps: what was observed (read-only) and the
-    status, conditions and plan being built. Steps run in the order of `STEPS`; each reads what
+    status, conditions and plan being built. Steps run in the order of `reconcile.STEPS`; each reads what
     the earlier ones recorded here."""
 
     now: dt.datetime
