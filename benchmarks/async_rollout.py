@@ -77,7 +77,7 @@ def measure(max_staleness: int, steps: int, warmup: int, delay: float) -> dict[s
             run_dir=tmp,
             resume=False,
             elastic=options,
-            on_status=lambda done, total, m: ends.append(time.perf_counter()),
+            on_status=lambda done, total, m, checkpoint_step: ends.append(time.perf_counter()),
         )
         rows = read_jsonl(Path(tmp) / "metrics.jsonl")
     walls = [b - a for a, b in zip([start, *ends], ends)][warmup:]

@@ -1,10 +1,12 @@
 """Admission: the CRD's own schema and CEL rules, evaluated in Python exactly as the API server does.
 
-There is one rule set. `spec.py` declares every field's type, default, enum, bounds and pattern,
-and every cross-field and immutability rule as CEL (`CEL_RULES`, `immutable=True`); from it this
-module builds the `openAPIV3Schema` of the job (`job_schema`), which the CRD ships (the operator's
-`crd.py` adds only the status) and which `rlhf validate`, `rlhf run` and the operator evaluate here,
-with the same steps as the API server:
+There is one rule set. The spec's dataclasses (`job`, `sections`, `roles`, `pods`, and the
+algorithms' params through `algorithm_schema`) declare every field's type, default, enum, bounds
+and pattern, and every cross-field and immutability rule as CEL (`CEL_RULES`, `immutable=True`,
+beside the fields they guard; `schema` renders them); from it this module builds the
+`openAPIV3Schema` of the job (`job_schema`), which the CRD ships (the operator's `crd.py` adds
+only the status) and which `rlhf validate`, `rlhf run` and the operator evaluate here, with the
+same steps as the API server:
 
 1. prune `null` from fields that are not nullable (the server drops them before defaulting);
 2. apply the schema's defaults (`default`, recursively, as structural defaulting does);
@@ -15,10 +17,10 @@ with the same steps as the API server:
    has the node too, as the server does.
 
 A violation is one line `<field path>: <message>`, the field path the server reports (a rule's
-`fieldPath` included). The Python loader (`spec.parse_job`) then builds the typed spec from the
-defaulted object and adds its own finer checks; a table-driven test holds every rule to the same
-verdict in both places (tests/unit/test_admission.py, and tests/cluster/test_admission_table.py
-against a real API server).
+`fieldPath` included). The loader (`loader.parse_job`) converts the object into the typed spec
+and adds no rule of its own but the `customParams` check CEL cannot express. A table-driven test
+holds every rule to the same verdict here (tests/unit/test_admission.py) and on a real API server
+(tests/cluster/test_admission_table.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The `status` of an RLTrainingJob: its schema (dataclasses, rendered into the CRD like the spec),
-the phases and the condition types. The operator's helpers that compute it (conditions, the
+the phases, the condition types, and the format of its times (`rfc3339`, `parse_time`: both
+writers stamp with them). The operator's helpers that compute it (conditions, the
 printer-column summaries) are `rlhf_operator.status`.
 
 Who writes what:
@@ -15,10 +16,26 @@ neither side overwrites the other.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from typing import Literal
 
 from rlhf_api.fields import _f
+
+#: The status's times (startTime, completionTime, progress.updated, conditions' transitions):
+#: RFC 3339 in UTC, to the second, as both writers spell them.
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def rfc3339(t: dt.datetime) -> str:
+    return t.astimezone(dt.timezone.utc).strftime(TIME_FORMAT)
+
+
+def parse_time(value: str | None) -> dt.datetime | None:
+    if not value:
+        return None
+    return dt.datetime.strptime(value, TIME_FORMAT).replace(tzinfo=dt.timezone.utc)
+
 
 Phase = Literal["Pending", "Scheduling", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 PHASES: tuple[str, ...] = (

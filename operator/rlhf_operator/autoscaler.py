@@ -64,8 +64,8 @@ from rlhf_api.autoscale import (
 )
 from rlhf_api.contract import ROLLOUT_GENERATION, ROLLOUT_SYNCED_GENERATION
 from rlhf_api.job import RLTrainingJob
-from rlhf_api.status import PROMETHEUS_REFUSED
-from rlhf_operator.status import get_condition, parse_time, set_condition
+from rlhf_api.status import PROMETHEUS_REFUSED, parse_time
+from rlhf_operator.status import get_condition, set_condition
 
 #: Where the controller pod serves `/metrics` when no Prometheus is configured; `{job}` and
 #: `{namespace}` are substituted. `rlhf operator --controller-metrics-url` overrides it.
@@ -86,7 +86,7 @@ def stamp(t: dt.datetime) -> str:
 
 
 def parse_stamp(value: str | None) -> dt.datetime | None:
-    """A time written by `stamp`, or by `status.rfc3339` (whole seconds)."""
+    """A time written by `stamp`, or by `rlhf_api.status.rfc3339` (whole seconds)."""
     if value and "." in value:
         return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc)
     return parse_time(value)

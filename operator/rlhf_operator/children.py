@@ -20,6 +20,7 @@ Every env var, port, path and name the pods read back is defined in `rlhf_api.co
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -394,31 +395,36 @@ def kueue_group(job: RLTrainingJob, attempt: int = 0, incarnation: str = "") -> 
     return kueue.group_name(job.metadata_name, uid, attempt, incarnation)
 
 
-def build_pod(
-    job: RLTrainingJob, role: str, index: int = 0, attempt: int = 0, incarnation: str = ""
-) -> dict[str, Any]:
-    """The pod of one replica of one role (or the controller pod), for restart attempt `attempt`
-    (`incarnation`: when the gang was last resumed, which names its Kueue pod group)."""
-    spec = job.spec
-    is_controller = role == contract.CONTROLLER_ROLE
-    name = pod_name(job.metadata_name, role, index)
-    if is_controller:
+@dataclass(frozen=True)
+class _Shape:
+    """What one pod of a role asks for, and where it may run."""
+
+    gpus: int
+    cpu: str
+    memory: str
+    shm: str
+    pool: NodePoolSpec | None
+
+
+def _shape(spec: JobSpec, role: str) -> _Shape:
+    """The role's resources and node pool (the controller's: `spec.controller`)."""
+    if role == contract.CONTROLLER_ROLE:
         ctl = spec.controller.resources  # defaults: CONTROLLER_RESOURCES
-        gpus, cpu, memory, shm = 0, ctl.cpu, ctl.memory, ctl.shm
-        pool = _pool(spec, spec.controller.node_pool)
-    else:
-        role_spec = getattr(spec.roles, role)
-        res = role_spec.resources
-        gpus, cpu, memory, shm = res.gpus, res.cpu, res.memory, res.shm
-        pool = _pool(spec, role_spec.node_pool)
-    requests: dict[str, str] = {"cpu": cpu, "memory": memory}
-    limits: dict[str, str] = {"memory": memory}
-    if gpus:
-        requests[GPU] = limits[GPU] = str(gpus)
+        return _Shape(0, ctl.cpu, ctl.memory, ctl.shm, _pool(spec, spec.controller.node_pool))
+    role_spec = getattr(spec.roles, role)
+    res = role_spec.resources
+    return _Shape(res.gpus, res.cpu, res.memory, res.shm, _pool(spec, role_spec.node_pool))
+
+
+def _pod_metadata(
+    job: RLTrainingJob, role: str, index: int, attempt: int, incarnation: str
+) -> dict[str, Any]:
+    """The pod's name, owner, role/replica/attempt labels, and what groups it for a gang
+    scheduler or Kueue."""
     gang_labels, gang_annotations = _gang_metadata(job, role, kueue_group(job, attempt, incarnation))
     meta = _meta(
         job,
-        name,
+        pod_name(job.metadata_name, role, index),
         {
             contract.ROLE: role,
             contract.REPLICA_INDEX: str(index),
@@ -428,10 +434,20 @@ def build_pod(
     )
     if gang_annotations:
         meta["annotations"] = gang_annotations
+    return meta
+
+
+def _container(job: RLTrainingJob, role: str, index: int, attempt: int, shape: _Shape) -> dict[str, Any]:
+    """The one container: image, command, the contract's env, resources, the mounts of the
+    pod's volumes (`_pod_spec`), a locked-down security context; the controller's ports and probe."""
+    requests: dict[str, str] = {"cpu": shape.cpu, "memory": shape.memory}
+    limits: dict[str, str] = {"memory": shape.memory}
+    if shape.gpus:
+        requests[GPU] = limits[GPU] = str(shape.gpus)
     container: dict[str, Any] = {
         "name": "trainer",
-        "image": images.trainer_image(spec),
-        "command": _command(job, role, index, gpus, cpu),
+        "image": images.trainer_image(job.spec),
+        "command": _command(job, role, index, shape.gpus, shape.cpu),
         "env": _env(job, role, index, attempt),
         "resources": {"requests": requests, "limits": limits},
         "volumeMounts": [
@@ -449,7 +465,7 @@ def build_pod(
         # and its logs with it.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    if is_controller:
+    if role == contract.CONTROLLER_ROLE:
         # Only the controller pod listens on fixed ports (the Ray head, /metrics); a role pod's
         # raylet picks its own ports.
         container["ports"] = [
@@ -460,6 +476,15 @@ def build_pod(
             "httpGet": {"path": contract.HEALTHZ_PATH, "port": contract.METRICS_PORT_NAME},
             "periodSeconds": 10,
         }
+    return container
+
+
+def _pod_spec(
+    job: RLTrainingJob, role: str, name: str, container: dict[str, Any], shape: _Shape
+) -> dict[str, Any]:
+    """The pod's spec: no kubelet restarts, its DNS name under the job's Service, the job's
+    identity, the volumes the container mounts, and where it may be placed (`_place`)."""
+    is_controller = role == contract.CONTROLLER_ROLE
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # the operator restarts the gang; kubelet restarts would desync ranks
         "hostname": name,
@@ -473,20 +498,38 @@ def build_pod(
         "securityContext": pod_identity.security_context(str(job.raw.get("metadata", {}).get("uid", ""))),
         "containers": [container],
         "volumes": [
-            {"name": contract.VOLUME_SHM, "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+            {"name": contract.VOLUME_SHM, "emptyDir": {"medium": "Memory", "sizeLimit": shape.shm}},
             {"name": contract.VOLUME_TMP, "emptyDir": {}},
             {"name": contract.VOLUME_SPEC, "configMap": {"name": config_name(job)}},
         ],
     }
+    _place(job.spec, shape, pod_spec)
+    return pod_spec
+
+
+def _place(spec: JobSpec, shape: _Shape, pod_spec: dict[str, Any]) -> None:
+    """The node pool's selector, tolerations and affinity; the scheduler and priority class."""
+    pool = shape.pool
     if pool and pool.node_selector:
         pod_spec["nodeSelector"] = dict(pool.node_selector)
-    pod_spec["tolerations"] = _tolerations(pool, gpus)
+    pod_spec["tolerations"] = _tolerations(pool, shape.gpus)
     if pool and pool.affinity:
         pod_spec["affinity"] = pool.affinity
     if spec.scheduling.scheduler_name:
         pod_spec["schedulerName"] = spec.scheduling.scheduler_name
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+
+
+def build_pod(
+    job: RLTrainingJob, role: str, index: int = 0, attempt: int = 0, incarnation: str = ""
+) -> dict[str, Any]:
+    """The pod of one replica of one role (or the controller pod), for restart attempt `attempt`
+    (`incarnation`: when the gang was last resumed, which names its Kueue pod group)."""
+    shape = _shape(job.spec, role)
+    meta = _pod_metadata(job, role, index, attempt, incarnation)
+    container = _container(job, role, index, attempt, shape)
+    pod_spec = _pod_spec(job, role, meta["name"], container, shape)
     # The spec's volumes, working directory, env, labels, pull settings and extra resources.
     return pod_template.customize(
         job, role, {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}

@@ -23,10 +23,11 @@ from typing import Any
 from rlhf_api import contract
 from rlhf_api.autoscale import MetricError, MetricSource
 from rlhf_api.fields import SpecError
-from rlhf_api.status import FINISHED
+from rlhf_api.status import FINISHED, rfc3339
 from rlhf_operator import (
     autoscaler,
     cache,
+    child_failures,
     children,
     failure_policy,
     kube,
@@ -34,12 +35,12 @@ from rlhf_operator import (
     metrics,
     ownership,
     parse_cache,
+    pass_state,
     reconcile,
     stuck_pods,
     tenant_limits,
 )
-from rlhf_operator.reconcile import Event, Plan
-from rlhf_operator.status import rfc3339
+from rlhf_operator.pass_state import Event, Plan
 
 log = logging.getLogger("rlhf_operator")
 
@@ -318,8 +319,8 @@ class Executor:
         if plan.job is not None and not plan.invalid and plan.status.get("phase") not in FINISHED:
             rejection = self._ensure_static(plan.job, parse_cache.digest(body))
             self._mark("static")
-        old = reconcile.operator_status(body.get("status") or {})
-        if old != reconcile.operator_status(plan.status) or autoscaled:
+        old = pass_state.operator_status(body.get("status") or {})
+        if old != pass_state.operator_status(plan.status) or autoscaled:
             # One write for the pass and the autoscaler. Conflict: computed from a stale view; retry.
             body = self._patch_status(body, {**plan.status, **(autoscaled or {})})
             self._mark("status")
@@ -348,7 +349,7 @@ class Executor:
                 rejection = _rejection(*done.rejected)
         if rejection is None and plan.blocked:
             rejection = plan.blocked[0]
-        report = reconcile.report_children(plan.status, rejection, attempted, now)
+        report = child_failures.report_children(plan.status, rejection, attempted, now)
         if report.status is not None:
             body = self._patch_status(body, report.status)
             plan.status.update(report.status)

@@ -24,7 +24,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_operator.status import parse_time
+from rlhf_api.status import parse_time
 
 # Problem kinds (the job's condition reasons; one CamelCase word each).
 IMAGE_PULL_FAILED = "ImagePullFailed"

@@ -6,15 +6,16 @@ Events to emit, and when to look again. It never relies on having seen an event:
 operator finds after a restart, the same function computes the way forward (level-based).
 
 The pass is a sequence of small named steps (`STEPS`), each a short function of a `Pass` (what
-was observed, and the status and plan being built) that either hands on to the next step or ends
-the pass: parse_spec, sort_attempts, finished, suspended, resumed, kueue_stopped, controller_succeeded,
-desired_pods, collect_failures, act_on_failures, report_problems, restart_backoff, rollout_fleet,
-create_missing, count_members, all_created, all_scheduled, all_running. Each has its own
-table-driven test (tests/unit/operator/test_operator_reconcile_steps.py).
+was observed, and the status and plan being built: `pass_state`) that either hands on to the next
+step or ends the pass: parse_spec, sort_attempts, finished, suspended, resumed, kueue_stopped,
+controller_succeeded, desired_pods, collect_failures, act_on_failures, report_problems,
+restart_backoff, rollout_fleet, create_missing, count_members, all_created, all_scheduled,
+all_running. Each has its own table-driven test (tests/unit/operator/test_operator_reconcile_steps.py).
 
-The handler applies a plan in this order: status first (with the job's resourceVersion, so a plan
+The executor applies a plan in this order: status first (with the job's resourceVersion, so a plan
 computed from a stale view is rejected), then pod deletions and creations. A crash between the
-two leaves a status that the next pass completes.
+two leaves a status that the next pass completes. What the creates met (a refused child) is
+reported afterwards (`child_failures`).
 
 Phases::
 
@@ -28,18 +29,13 @@ Phases::
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from rlhf_api import contract
 from rlhf_api.fields import MAX_REPLICAS, SpecError
-from rlhf_api.job import JobSpec, RLTrainingJob
 from rlhf_api.status import (
-    CHILD_FAILURE,
     FAILED,
     FINISHED,
-    PHASES,
     POD_FAILURE,
     QUEUED,
     RESTARTING,
@@ -48,6 +44,8 @@ from rlhf_api.status import (
     SUCCEEDED,
     SUSPENDED,
     UNSCHEDULABLE,
+    parse_time,
+    rfc3339,
 )
 from rlhf_operator import (
     children,
@@ -58,335 +56,63 @@ from rlhf_operator import (
     ownership,
     parse_cache,
     pod_health,
-    restart_record,
     rollout,
     suspend,
     tenant_limits,
     ttl,
 )
-from rlhf_operator.status import condition_is, get_condition, parse_time, rfc3339, set_condition, summary
+from rlhf_operator.pass_state import (
+    DONE,
+    NEXT,
+    Event,
+    Pass,
+    Plan,
+    Step,
+    attempt_of,
+    is_deleting,
+    labels_of,
+)
+from rlhf_operator.status import condition_is
 
-#: The status keys the operator owns (progress and rollout.syncedGeneration belong to the controller pod).
-OPERATOR_KEYS = (
-    "phase",
-    "conditions",
-    "observedGeneration",
-    "restarts",
-    "countedRestarts",
-    "startTime",
-    "completionTime",
-    "rollout",
-    "summary",
-)
-ROLLOUT_KEYS = (
-    contract.ROLLOUT_DESIRED,
-    contract.ROLLOUT_READY,
-    contract.ROLLOUT_SELECTOR,
-    contract.ROLLOUT_GENERATION,
-)
-#: The most gang restarts a status may claim (a larger `status.restarts` is clamped to this).
-MAX_RESTARTS = 1_000_000
 #: The largest rollout generation read from a status (a larger one is clamped to this).
 MAX_GENERATION = 2**53
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
-@dataclass
-class Plan:
-    """What one reconcile pass decided."""
-
-    #: The operator's keys of the new status (see OPERATOR_KEYS).
-    status: dict[str, Any]
-    create: list[dict[str, Any]] = field(default_factory=list)
-    delete: list[dict[str, Any]] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    #: Look again after this many seconds even without an event (backoff, timeouts, TTL).
-    requeue_after: float | None = None
-    #: Delete the job itself (ttlSecondsAfterFinished).
-    delete_job: bool = False
-    #: The spec is invalid: the status says so, and the handler stops with a PermanentError.
-    invalid: str | None = None
-    #: Parsed job (None when invalid); the handler uses it to build the static children.
-    job: RLTrainingJob | None = None
-    #: Pods the job wants whose names are held by pods it does not own (`ownership`): not
-    #: created, reported by the executor like a refused create.
-    blocked: list[failure_policy.Rejection] = field(default_factory=list)
-    #: The job's restart record to write (`restart_record`): annotations, after the status write
-    #: and before any pod is created; None when the job's record already says so.
-    record: dict[str, str] | None = None
-    #: Pods of Kueue pod groups the job is done with, to annotate `retriable-in-group: "false"`
-    #: before the deletions, so that Kueue finishes their Workloads and releases the quota (`kueue`).
-    release: list[dict[str, Any]] = field(default_factory=list)
-
-    def requeue(self, seconds: float) -> None:
-        seconds = max(seconds, 0.0)
-        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
-
-
-def operator_status(status: dict[str, Any]) -> dict[str, Any]:
-    """The part of a status the operator writes, as the API server stores it after a merge patch
-    (null values removed): compare an old status with a plan's through this."""
-    out = {k: status[k] for k in OPERATOR_KEYS if k in status and k != "rollout"}
-    if "rollout" in status:
-        out[contract.STATUS_ROLLOUT] = {
-            k: v for k, v in (status.get(contract.STATUS_ROLLOUT) or {}).items() if k in ROLLOUT_KEYS
-        }
-    return _without_nulls(out)
-
-
-def _without_nulls(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
-    return value
-
-
-def _labels(pod: dict[str, Any]) -> dict[str, str]:
-    return (pod.get("metadata") or {}).get("labels") or {}
-
-
-def _attempt(pod: dict[str, Any]) -> int:
-    try:
-        return int(_labels(pod).get(contract.RESTART_ATTEMPT, "0"))
-    except ValueError:
-        return -1
-
-
-def _deleting(pod: dict[str, Any]) -> bool:
-    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
-
-
-def _terminal(pod: dict[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-
-
-# -- one pass -------------------------------------------------------------------------------------
-
-
-@dataclass
-class Pass:
-    """The state of one reconcile pass, shared by its steps: what was observed (read-only) and the
-    status, conditions and plan being built. Steps run in the order of `STEPS`; each reads what
-    the earlier ones recorded here."""
-
-    now: dt.datetime
-    #: The job as read from the API server.
-    body: dict[str, Any]
-    meta: dict[str, Any]
-    #: The status as the job carries it (written by the last pass and by the controller pod).
-    old: dict[str, Any]
-    #: Pods whose controller owner reference carries the job's UID (`ownership`).
-    pods: list[dict[str, Any]]
-    #: Labelled pods the job does not own: their names are held, never adopted.
-    foreign: list[dict[str, Any]]
-    #: The operator's keys of the new status (the plan's `status`).
-    st: dict[str, Any]
-    out: Plan
-    conditions: list[dict[str, Any]]
-    #: The phase the pass works from: the job's, until a step moves it (resume, all pods created).
-    phase: str
-    # Recorded by the steps:
-    attempt: int = 0
-    current: list[dict[str, Any]] = field(default_factory=list)
-    by_name: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: The gang's pods of this attempt by name: (role, replica index). Pods are built only when
-    #: created (`create_missing`), so a pass over a big job costs names, not pod objects.
-    desired_gang: dict[str, tuple[str, int]] = field(default_factory=dict)
-    rollout_desired: int = 0
-    #: Rollout pods the fleet adds this pass, by name.
-    desired_rollout: dict[str, dict[str, Any]] = field(default_factory=dict)
-    failures: list[failure_policy.PodFailure] = field(default_factory=list)
-    leaving: set[str] = field(default_factory=set)
-    members: list[dict[str, Any]] = field(default_factory=list)
-    expected: int = 0
-    #: The API server has enforced the CRD's rules on `body` (`parse_cache.InstalledRules`).
-    admitted: bool = False
-    #: The operator's bounds on one job (`tenant_limits`).
-    limits: tenant_limits.Limits = field(default_factory=tenant_limits.Limits)
-
-    @classmethod
-    def start(cls, body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime) -> Pass:
-        meta = body.get("metadata") or {}
-        owned, foreign = ownership.split(pods, meta.get("uid", ""))
-        old: dict[str, Any] = dict(body.get("status") or {})
-        phase = old.get("phase") or "Pending"
-        # The restarts come from the operator's own record (annotations on the job), never from
-        # `status.restarts`, which a pod may write where the status policy is absent.
-        restarts, counted = restart_record.read(meta, owned, MAX_RESTARTS)
-        st: dict[str, Any] = {
-            "phase": phase if phase in PHASES else "Pending",
-            "observedGeneration": meta.get("generation", 0),
-            "restarts": restarts,
-            "countedRestarts": counted,
-        }
-        for key in ("startTime", "completionTime"):
-            if old.get(key):
-                st[key] = old[key]
-        conditions = list(old.get("conditions") or [])
-        return cls(now, body, meta, old, owned, foreign, st, Plan(status=st), conditions, phase)
-
-    # -- what the steps read -------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return str(self.meta.get("name", ""))
-
-    @property
-    def uid(self) -> str:
-        return str(self.meta.get("uid", ""))
-
-    @property
-    def job(self) -> RLTrainingJob:
-        assert self.out.job is not None, "a step after parse_spec"
-        return self.out.job
-
-    @property
-    def spec(self) -> JobSpec:
-        return self.job.spec
-
-    @property
-    def incarnation(self) -> str:
-        """When the gang was last resumed (after spec.suspend or Kueue's stop): part of its Kueue
-        pod group's name, so a resumed gang is a new group (`kueue.group_name`)."""
-        return str(self.condition(SUSPENDED).get("lastTransitionTime") or "")
-
-    @property
-    def kueue_group(self) -> str:
-        return children.kueue_group(self.job, self.attempt, self.incarnation)
-
-    @property
-    def controller_name(self) -> str:
-        return children.pod_name(self.name, contract.CONTROLLER_ROLE)
-
-    def condition(self, type_: str) -> dict[str, Any]:
-        return get_condition({"conditions": self.conditions}, type_) or {}
-
-    def since(self, type_: str) -> dt.datetime | None:
-        """When condition `type_` last flipped."""
-        return parse_time(self.condition(type_).get("lastTransitionTime"))
-
-    def failure_of(self, pod: dict[str, Any]) -> failure_policy.PodFailure | None:
-        return failure_policy.pod_failure(pod, self.now, self.spec.scheduling.timeout_seconds)
-
-    def replace_alone(self, pod: dict[str, Any]) -> failure_policy.PodFailure | None:
-        """A rollout pod's failure that a new pod can cure (it is replaced alone), else None."""
-        f = self.failure_of(pod)
-        return f if f is not None and f.acting and f.restartable else None
-
-    def unfinished(self) -> list[dict[str, Any]]:
-        """Pods of the current attempt that still hold a node and are not being deleted yet."""
-        return [p for p in self.current if not _terminal(p) and not _deleting(p)]
-
-    # -- what the steps write ------------------------------------------------------------------
-
-    def cond(self, type_: str, true: bool, reason: str, message: str, restart_clock: bool = False) -> None:
-        if restart_clock:  # a new wait begins even if the status does not flip
-            self.conditions = [c for c in self.conditions if c.get("type") != type_]
-        self.conditions = set_condition(self.conditions, type_, true, reason, message, self.now)
-
-    def clear(self, type_: str, reason: str, message: str = "") -> None:
-        """Set a condition False only when it is present and True (no churn of absent ones)."""
-        if self.condition(type_).get("status") == "True":
-            self.cond(type_, False, reason, message)
-
-    def transition(self, new_phase: str, reason: str, message: str, warning: bool = False) -> None:
-        if self.st["phase"] != new_phase:
-            self.out.events.append(Event("Warning" if warning else "Normal", reason, message))
-        self.st["phase"] = new_phase
-
-    def finish_job(self, phase: str, reason: str, message: str, event: tuple[str, str] | None = None) -> None:
-        """Succeeded or Failed: the completion time, the phase's condition (and its Event, or
-        `event`'s reason and message), the nodes freed, the TTL's wake-up."""
-        self.st["completionTime"] = rfc3339(self.now)
-        self.cond(phase, True, reason, message)
-        self.clear(RUNNING, phase)
-        self.transition(phase, *(event or (reason, message)), warning=phase == FAILED)
-        self.out.delete.extend(self.unfinished())
-        if self.spec.ttl_seconds_after_finished is not None:
-            self.out.requeue(self.spec.ttl_seconds_after_finished)
-
-    def _done_with(self) -> list[dict[str, Any]]:
-        """Pods the job is done with: deleted by this plan, being deleted, terminated, or all of
-        them once the job is suspended or finished (their Kueue pod groups get released)."""
-        if self.st["phase"] in (*FINISHED, "Suspended"):
-            return self.pods
-        deleting = {x["metadata"]["name"] for x in self.out.delete}
-        return [x for x in self.pods if x["metadata"]["name"] in deleting or _deleting(x) or _terminal(x)]
-
-    def finish(self) -> Plan:
-        st, old = self.st, self.old
-        st["conditions"] = self.conditions
-        self.out.record = restart_record.to_write(self.meta, st["restarts"], st["countedRestarts"])
-        if st["countedRestarts"] == st["restarts"]:  # written only once a restart went uncounted
-            del st["countedRestarts"]
-            if "countedRestarts" in old:
-                st["countedRestarts"] = None  # the merge patch removes it
-        unique = {p["metadata"]["name"]: p for p in self.out.delete}
-        self.out.delete[:] = list(unique.values())
-        self.out.release = kueue.to_release(self._done_with())
-        prev_rollout = old.get("rollout") or {}
-        st.setdefault(
-            "rollout",
-            {k: prev_rollout[k] for k in ROLLOUT_KEYS if k in prev_rollout}
-            or {
-                contract.ROLLOUT_DESIRED: 0,
-                contract.ROLLOUT_READY: 0,
-                contract.ROLLOUT_SELECTOR: children.selector(self.name, "rollout"),
-                contract.ROLLOUT_GENERATION: 0,
-            },
-        )
-        total = self.out.job.spec.training.steps if self.out.job else 0
-        st["summary"] = summary({**old, **st, "progress": old.get("progress") or {}}, total)
-        return self.out
-
-
-#: A step of the pass: True ends the pass (the plan is complete), False hands on to the next.
-Step = Callable[[Pass], bool]
-DONE, NEXT = True, False
 
 
 def parse_spec(p: Pass) -> bool:
     """An invalid spec fails the job (`InvalidSpec`, every problem named), and so does a job with
     no image on an operator with no default one (`images`), or one the operator's bounds refuse
     (`tenant_limits.refusal`: too many pods, a hostPath not allowed), before a single pod is built;
-    the handler then stops."""
+    the pass ends there."""
     try:
         job = parse_cache.parse(p.body, admitted=p.admitted)
         no_image = images.missing_image(job.spec)
         if no_image:
             raise SpecError([no_image])
-        p.out.job = job
+        p.plan.job = job
     except SpecError as err:
         _invalid(p, "InvalidSpec", "; ".join(err.errors))
         return DONE
     refused = tenant_limits.refusal(p.job.spec, p.limits)
     if refused is not None:
-        p.out.job = None  # nothing is built from it: no pods, no static children
+        p.plan.job = None  # nothing is built from it: no pods, no static children
         _invalid(p, *refused)
         return DONE
     return NEXT
 
 
 def _invalid(p: Pass, reason: str, message: str) -> None:
-    p.out.invalid = message
+    p.plan.invalid = message
     if p.phase != "Failed":
-        p.st["completionTime"] = rfc3339(p.now)
+        p.status["completionTime"] = rfc3339(p.now)
     p.cond(FAILED, True, reason, message)
     p.transition("Failed", reason, message, warning=True)
 
 
 def sort_attempts(p: Pass) -> bool:
     """The current attempt's pods (label restart-attempt = restarts) count; older ones are deleted."""
-    p.attempt = p.st["restarts"]
-    p.current = [x for x in p.pods if _attempt(x) == p.attempt]
-    p.out.delete.extend(x for x in p.pods if _attempt(x) != p.attempt and not _deleting(x))
+    p.attempt = p.status["restarts"]
+    p.current = [x for x in p.pods if attempt_of(x) == p.attempt]
+    p.plan.delete.extend(x for x in p.pods if attempt_of(x) != p.attempt and not is_deleting(x))
     p.by_name = {x["metadata"]["name"]: x for x in p.pods}
     return NEXT
 
@@ -395,13 +121,13 @@ def finished(p: Pass) -> bool:
     """Succeeded or Failed: free the nodes, keep terminated pods for their logs, honour the TTL."""
     if p.phase not in FINISHED:
         return NEXT
-    p.out.delete.extend(p.unfinished())
+    p.plan.delete.extend(p.unfinished())
     left = ttl.seconds_left(parse_time(p.old.get("completionTime")), p.spec.ttl_seconds_after_finished, p.now)
     if left is not None:
         if left <= 0:
-            p.out.delete_job = True
+            p.plan.delete_job = True
         else:
-            p.out.requeue(left)
+            p.plan.requeue(left)
     return DONE
 
 
@@ -409,7 +135,7 @@ def suspended(p: Pass) -> bool:
     """spec.suspend: remove every pod (checkpoints stay), phase Suspended."""
     if not p.spec.suspend:
         return NEXT
-    p.out.delete.extend(suspend.pods_to_remove(p.current))
+    p.plan.delete.extend(suspend.pods_to_remove(p.current))
     p.cond(SUSPENDED, True, "Suspended", "spec.suspend is true: pods removed, checkpoints kept")
     p.clear(SCHEDULED, "Suspended")
     p.clear(RUNNING, "Suspended")
@@ -444,7 +170,7 @@ def kueue_stopped(p: Pass) -> bool:
         return NEXT
     why = ": ".join(str(v) for v in (hit.get("reason"), hit.get("message")) if v) or "stopped"
     message = f"Kueue stopped pod group {group} ({why}): pods removed, checkpoints kept; the job queues again"
-    p.out.delete.extend(suspend.pods_to_remove(p.current))
+    p.plan.delete.extend(suspend.pods_to_remove(p.current))
     p.cond(SUSPENDED, True, "StoppedByKueue", message)
     p.clear(SCHEDULED, "StoppedByKueue")
     p.clear(RUNNING, "StoppedByKueue")
@@ -457,7 +183,7 @@ def controller_succeeded(p: Pass) -> bool:
     controller = p.by_name.get(p.controller_name)
     if (
         controller is None
-        or _attempt(controller) != p.attempt
+        or attempt_of(controller) != p.attempt
         or (controller.get("status") or {}).get("phase") != "Succeeded"
     ):
         return NEXT
@@ -491,7 +217,7 @@ def collect_failures(p: Pass) -> bool:
     started = p.phase in ("Scheduling", "Running")
     for name, (role, _) in p.desired_gang.items():
         pod = p.by_name.get(name)
-        if pod is None or _attempt(pod) != p.attempt:
+        if pod is None or attempt_of(pod) != p.attempt:
             if started and pod is None:
                 p.failures.append(failure_policy.missing_pod(name, role))
             continue
@@ -499,11 +225,11 @@ def collect_failures(p: Pass) -> bool:
             continue
         f = p.failure_of(pod)
         if f is None and name != p.controller_name and (pod.get("status") or {}).get("phase") == "Succeeded":
-            f = failure_policy.worker_exited(name, _labels(pod)[contract.ROLE])
+            f = failure_policy.worker_exited(name, labels_of(pod)[contract.ROLE])
         if f is not None:
             p.failures.append(f)
     for pod in p.current:
-        if p.phase != "Running" and _labels(pod).get(contract.ROLE) == "rollout":
+        if p.phase != "Running" and labels_of(pod).get(contract.ROLE) == "rollout":
             f = p.failure_of(pod)
             if f is not None and f.acting and not f.restartable:
                 p.failures.append(f)
@@ -516,9 +242,12 @@ def act_on_failures(p: Pass) -> bool:
     acting = [f for f in p.failures if f.acting]
     if not acting or p.phase == "Restarting":
         return NEXT
-    st = p.st
+    status = p.status
     decision = failure_policy.decide(
-        p.spec.failure_policy, acting, st["countedRestarts"], st["restarts"] - st["countedRestarts"]
+        p.spec.failure_policy,
+        acting,
+        status["countedRestarts"],
+        status["restarts"] - status["countedRestarts"],
     )
     detail = "; ".join(f.message for f in acting[:3])
     if decision.action == failure_policy.FAIL_JOB:
@@ -533,7 +262,7 @@ def _fail(p: Pass, decision: failure_policy.Decision, detail: str) -> None:
     policy = p.spec.failure_policy
     if decision.exhausted:
         reason = "MaxRestartsExceeded"
-        message = f"{detail}; maxRestarts ({policy.max_restarts}) exhausted after {p.st['countedRestarts']} restarts"
+        message = f"{detail}; maxRestarts ({policy.max_restarts}) exhausted after {p.status['countedRestarts']} restarts"
     elif decision.verdict.rule is not None:
         reason = "FailedByRule"
         message = f"{first.message}; the job fails: {decision.verdict.describe()}"
@@ -551,12 +280,12 @@ def _restart(p: Pass, decision: failure_policy.Decision, detail: str) -> None:
     """Every pod of this attempt deleted; the next attempt's are created after the backoff."""
     first = decision.verdict.failure
     policy = p.spec.failure_policy
-    st = p.st
-    st["restarts"] += 1
-    delay = failure_policy.backoff_seconds(policy, st["restarts"])
+    status = p.status
+    status["restarts"] += 1
+    delay = failure_policy.backoff_seconds(policy, status["restarts"])
     if decision.action == failure_policy.RESTART_GANG:
-        st["countedRestarts"] += 1
-        counted = f"gang restart {st['countedRestarts']}/{policy.max_restarts}"
+        status["countedRestarts"] += 1
+        counted = f"gang restart {status['countedRestarts']}/{policy.max_restarts}"
     else:  # a RestartGangNoCount rule
         counted = f"gang restart not counted against maxRestarts ({decision.verdict.describe()})"
     message = f"{detail}; {counted} from the last checkpoint in {delay:.0f}s"
@@ -565,14 +294,14 @@ def _restart(p: Pass, decision: failure_policy.Decision, detail: str) -> None:
     p.clear(RUNNING, "Restarting", "the gang is restarting")
     p.clear(POD_FAILURE, "GangRestart", first.message)  # the next attempt's problems are new ones
     p.transition("Restarting", "GangRestart", message, warning=True)
-    p.out.delete.extend(x for x in p.current if not _deleting(x))  # now stale: a new attempt begins
-    st["rollout"] = {
+    p.plan.delete.extend(x for x in p.current if not is_deleting(x))  # now stale: a new attempt begins
+    status[contract.STATUS_ROLLOUT] = {
         contract.ROLLOUT_DESIRED: p.rollout_desired,
         contract.ROLLOUT_READY: 0,
         contract.ROLLOUT_SELECTOR: children.selector(p.name, "rollout"),
         contract.ROLLOUT_GENERATION: _generation(p.old, contract.ROLLOUT_GENERATION) + 1,
     }
-    p.out.requeue(delay)
+    p.plan.requeue(delay)
 
 
 def report_problems(p: Pass) -> bool:
@@ -581,16 +310,16 @@ def report_problems(p: Pass) -> bool:
     and when a bound pod reaches its start timeout."""
     reported = [f for f in p.failures if not f.acting or p.phase == "Restarting"]
     for pod in p.current:
-        f = p.failure_of(pod) if _labels(pod).get(contract.ROLE) == "rollout" else None
+        f = p.failure_of(pod) if labels_of(pod).get(contract.ROLE) == "rollout" else None
         if f is not None and p.replace_alone(pod) is None and f not in reported:
             reported.append(f)
     for f in reported:
         if not f.acting:
-            p.out.requeue(f.act_in)
+            p.plan.requeue(f.act_in)
     timeout = p.spec.scheduling.timeout_seconds
     for pod in p.current:
         if (left := pod_health.seconds_to_start_timeout(pod, p.now, timeout)) is not None and left > 0:
-            p.out.requeue(left)
+            p.plan.requeue(left)
     if reported:
         _report(p, reported)
     else:
@@ -618,7 +347,7 @@ def _report(p: Pass, reported: list[failure_policy.PodFailure]) -> None:
         more = f" and {len(others) - 5} more" if len(others) > 5 else ""
         message += f"; also pods {', '.join(others[:5])}{more}"
     if not same:
-        p.out.events.append(Event("Warning", report.reason, message))
+        p.plan.events.append(Event("Warning", report.reason, message))
     elif "BackOff" in message and "BackOff" not in str(was.get("message")):
         message = str(was.get("message"))  # keep the pull error itself, not the kubelet's back-off line
     p.cond(POD_FAILURE, True, report.reason, message)
@@ -629,10 +358,10 @@ def restart_backoff(p: Pass) -> bool:
     if p.phase != "Restarting":
         return NEXT
     since = p.since(RESTARTING)
-    wait = failure_policy.backoff_seconds(p.spec.failure_policy, p.st["restarts"])
+    wait = failure_policy.backoff_seconds(p.spec.failure_policy, p.status["restarts"])
     left = wait - ((p.now - since).total_seconds() if since else wait)
     if left > 0:
-        p.out.requeue(left)
+        p.plan.requeue(left)
         return DONE
     return NEXT
 
@@ -646,10 +375,10 @@ def _generation(status: dict[str, Any], key: str) -> int:
 def rollout_fleet(p: Pass) -> bool:
     """The elastic fleet through the resharding protocol (`rollout.plan_rollout`): failed members
     replaced alone, leavers drained before deletion, the generation bumped on each change."""
-    raw = p.old.get("rollout")
+    raw = p.old.get(contract.STATUS_ROLLOUT)
     prev: dict[str, Any] = raw if isinstance(raw, dict) else {}
     rplan = rollout.plan_rollout(
-        [x for x in p.current if _labels(x).get(contract.ROLE) == "rollout"],
+        [x for x in p.current if labels_of(x).get(contract.ROLE) == "rollout"],
         desired=p.rollout_desired,
         previous_desired=tenant_limits.clamp_int(prev.get(contract.ROLLOUT_DESIRED), 0, MAX_REPLICAS)
         if contract.ROLLOUT_GENERATION in prev
@@ -660,14 +389,14 @@ def rollout_fleet(p: Pass) -> bool:
         job_started=p.phase in ("Scheduling", "Running"),
         failure_of=p.replace_alone,
     )
-    p.out.delete.extend(rplan.delete)
+    p.plan.delete.extend(rplan.delete)
     for msg in rplan.failures:
-        p.out.events.append(Event("Warning", "RolloutReplicaFailed", msg))
+        p.plan.events.append(Event("Warning", "RolloutReplicaFailed", msg))
     for msg in rplan.changes:
-        p.out.events.append(
+        p.plan.events.append(
             Event("Normal", "RolloutMembershipChanged", f"{msg} (generation {rplan.generation})")
         )
-    p.st["rollout"] = {
+    p.status[contract.STATUS_ROLLOUT] = {
         contract.ROLLOUT_DESIRED: p.rollout_desired,
         contract.ROLLOUT_READY: rplan.ready,
         contract.ROLLOUT_SELECTOR: children.selector(p.name, "rollout"),
@@ -686,12 +415,12 @@ def create_missing(p: Pass) -> bool:
     held = {x["metadata"]["name"]: x for x in p.foreign}
     for name, (role, index) in p.desired_gang.items():
         if name not in p.by_name and name not in held:
-            p.out.create.append(children.build_pod(p.job, role, index, p.attempt, p.incarnation))
-    p.out.create.extend(
+            p.plan.create.append(children.build_pod(p.job, role, index, p.attempt, p.incarnation))
+    p.plan.create.extend(
         pod for name, pod in p.desired_rollout.items() if name not in p.by_name and name not in held
     )
     want = [*p.desired_gang, *p.desired_rollout]
-    p.out.blocked.extend(ownership.not_owned(held[name], p.uid) for name in sorted(want) if name in held)
+    p.plan.blocked.extend(ownership.not_owned(held[name], p.uid) for name in sorted(want) if name in held)
     return NEXT
 
 
@@ -716,7 +445,7 @@ def all_created(p: Pass) -> bool:
     if len(p.members) != p.expected:
         return DONE
     if p.phase == "Restarting":
-        p.cond(RESTARTING, False, "PodsRecreated", f"restart {p.st['restarts']}: every pod recreated")
+        p.cond(RESTARTING, False, "PodsRecreated", f"restart {p.status['restarts']}: every pod recreated")
     p.cond(SCHEDULED, False, "WaitingForScheduler", f"{p.expected} pods created", restart_clock=True)
     p.transition("Scheduling", "PodsCreated", f"all {p.expected} pods of attempt {p.attempt} created")
     p.phase = "Scheduling"
@@ -739,19 +468,19 @@ def all_scheduled(p: Pass) -> bool:
     waited = (p.now - since).total_seconds() if since else 0.0
     timeout = p.spec.scheduling.timeout_seconds
     if not gang.timed_out(waited, timeout):
-        p.out.requeue(timeout - waited)
+        p.plan.requeue(timeout - waited)
         return NEXT
     message = f"{p.expected - state.scheduled}/{p.expected} pods unscheduled after {timeout}s: {state.reason}"
     if not condition_is({"conditions": p.conditions}, UNSCHEDULABLE):
-        p.out.events.append(Event("Warning", "Unschedulable", message))
+        p.plan.events.append(Event("Warning", "Unschedulable", message))
     p.cond(UNSCHEDULABLE, True, "Unschedulable", message)
     if p.spec.scheduling.on_timeout != "fail":
         return NEXT
-    p.st["completionTime"] = rfc3339(p.now)
+    p.status["completionTime"] = rfc3339(p.now)
     p.cond(FAILED, True, "Unschedulable", message)
     p.transition("Failed", "Unschedulable", message, warning=True)
-    p.out.create.clear()
-    p.out.delete.extend(x for x in p.current if not _deleting(x) and x not in p.out.delete)
+    p.plan.create.clear()
+    p.plan.delete.extend(x for x in p.current if not is_deleting(x) and x not in p.plan.delete)
     return DONE
 
 
@@ -779,7 +508,7 @@ def all_running(p: Pass) -> bool:
     """Scheduling: once every pod runs, Running (startTime set once)."""
     if p.phase == "Scheduling" and gang.gang_state(p.members, p.expected).all_running:
         p.cond(RUNNING, True, "AllRunning", f"all {p.expected} pods running")
-        p.st.setdefault("startTime", rfc3339(p.now))
+        p.status.setdefault("startTime", rfc3339(p.now))
         p.transition("Running", "Running", f"all {p.expected} pods running")
     return DONE
 
@@ -826,68 +555,3 @@ def plan(
         if step(p) is DONE:
             break
     return p.finish()
-
-
-@dataclass
-class ChildrenReport:
-    """What the executor writes after a pass's creates: the ChildFailure condition (and, for a
-    permanent rejection, phase Failed), its Event, and when to try a refused create again."""
-
-    #: Operator keys of the status to merge-patch; None when nothing changes.
-    status: dict[str, Any] | None = None
-    events: list[Event] = field(default_factory=list)
-    requeue_after: float | None = None
-
-
-def report_children(
-    status: dict[str, Any],
-    rejection: failure_policy.Rejection | None,
-    attempted: bool,
-    now: dt.datetime,
-) -> ChildrenReport:
-    """Report the outcome of the creates of one pass, level-based: `status` is the job's status as
-    this pass wrote it, `rejection` the first create the API server refused (the pass stops
-    creating there), `attempted` whether any create was sent.
-
-    A permanent rejection (HTTP 400/422) fails the job (`ChildRejected`): the same spec builds the
-    same object. A 403 (quota, LimitRange, webhook, RBAC) sets ChildFailure (QuotaExceeded or
-    ChildForbidden) and asks for a retry after as long as it has been refused (5 s to 300 s). The
-    Event is posted once per occurrence (a new object or reason), not on every retry. Once the
-    creates go through, ChildFailure turns False."""
-    phase = status.get("phase")
-    if phase in FINISHED:
-        return ChildrenReport()
-    conditions: list[dict[str, Any]] = list(status.get("conditions") or [])
-    was = get_condition(status, CHILD_FAILURE)
-    if rejection is None:
-        if was and was.get("status") == "True" and (attempted or phase in ("Scheduling", "Running")):
-            conds = set_condition(
-                conditions, CHILD_FAILURE, False, "ChildrenCreated", "every child object was created", now
-            )
-            return ChildrenReport(status={"conditions": conds})
-        return ChildrenReport()
-    message = rejection.describe()
-    same = bool(
-        was
-        and was.get("status") == "True"
-        and was.get("reason") == rejection.reason
-        and str(was.get("message", "")).startswith(rejection.subject + ":")
-    )
-    conds = set_condition(conditions, CHILD_FAILURE, True, rejection.reason, message, now)
-    if rejection.permanent:
-        message += "; the job fails: the same spec would build the same object (fix the spec, then re-create the job)"
-        conds = set_condition(conds, FAILED, True, rejection.reason, message, now)
-        if condition_is(status, RUNNING):
-            conds = set_condition(conds, RUNNING, False, "Failed", "", now)
-        return ChildrenReport(
-            status={"phase": "Failed", "conditions": conds, "completionTime": rfc3339(now)},
-            events=[Event("Warning", rejection.reason, message)],
-            requeue_after=0.0,  # the next pass frees what was created (phase Failed)
-        )
-    since = parse_time(was.get("lastTransitionTime")) if same and was else None
-    retry = failure_policy.rejection_retry_seconds((now - since).total_seconds() if since else 0.0)
-    return ChildrenReport(
-        status={"conditions": conds} if conds != conditions else None,
-        events=[] if same else [Event("Warning", rejection.reason, f"{message}; retrying in {retry:.0f}s")],
-        requeue_after=retry,
-    )

@@ -1,7 +1,8 @@
-"""The operator's status helpers: conditions, times and the printer-column summary.
+"""The operator's status helpers: conditions and the printer-column summary.
 
-The status's schema (the dataclasses the CRD renders, the phases and condition types) is the
-API's (`rlhf_api.status`); this module computes what the operator writes into it.
+The status's schema (the dataclasses the CRD renders, the phases and condition types, the format
+of its times) is the API's (`rlhf_api.status`); this module computes what the operator writes
+into it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 from typing import Any
 
 from rlhf_api import contract
-from rlhf_api.status import CONDITION_TYPES
+from rlhf_api.status import CONDITION_TYPES, rfc3339
 from rlhf_operator.tenant_limits import clamp_int, clip
 
 #: Longest condition reason kept; the longest number shown in a summary.
@@ -22,16 +23,6 @@ MAX_COUNT = 10**12
 # --------------------------------------------------------------------------------------------
 # Pure helpers
 # --------------------------------------------------------------------------------------------
-
-
-def rfc3339(t: dt.datetime) -> str:
-    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: str | None) -> dt.datetime | None:
-    if not value:
-        return None
-    return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
 
 
 def get_condition(status: dict[str, Any], type_: str) -> dict[str, Any] | None:

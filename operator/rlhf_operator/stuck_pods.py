@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_operator.status import parse_time
+from rlhf_api.status import parse_time
 
 #: Seconds past a pod's deletion deadline before it counts as stuck (its kubelet would have
 #: removed it by then: the kubelet SIGKILLs at the deadline and reports within seconds).

@@ -25,6 +25,8 @@ PACKAGES = (ROOT / "operator" / "rlhf_operator", ROOT / "trainer" / "rlhf_traine
 STATUS_MODULES = (
     "operator/rlhf_operator/status.py",
     "operator/rlhf_operator/reconcile.py",
+    "operator/rlhf_operator/pass_state.py",
+    "operator/rlhf_operator/child_failures.py",
     "operator/rlhf_operator/executor.py",
     "operator/rlhf_operator/autoscaler.py",
     "trainer/rlhf_trainer/run_cli.py",

@@ -1,10 +1,11 @@
 """The controller pod's API calls: every one has a timeout (a hung connection costs a step a few
 seconds, never the run), and `status.progress` is written at most once per interval (the last and
-evaluating steps always). The hung connection is a real socket that accepts and never answers,
+evaluating steps always), each write saying when it was made and which checkpoint is the last. The hung connection is a real socket that accepts and never answers,
 reached through the real kubernetes client."""
 
 from __future__ import annotations
 
+import datetime as dt
 import socket
 import threading
 import time
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from rlhf_api import contract
 from rlhf_trainer.fleet.cluster_membership import API_REQUEST_TIMEOUT, KubernetesJob
 from rlhf_trainer.run_cli import StatusReporter
 
@@ -42,19 +44,39 @@ def test_progress_is_written_at_most_once_per_interval() -> None:
     report = StatusReporter(api, "j", "ns", min_interval=10.0, clock=clock)
     for step in range(1, 100):  # 99 steps of 0.5 s: 49.5 s
         clock.now += 0.5
-        report(step, 100, {"reward/mean": 0.1})
+        report(step, 100, {"reward/mean": 0.1}, None)
     written = [c[1][-1]["status"]["progress"]["step"] for c in api.calls]
     assert written == [1, 21, 41, 61, 81]
     clock.now += 0.5
-    report(100, 100, {"reward/mean": 0.2})  # the last step: always
+    report(100, 100, {"reward/mean": 0.2}, 100)  # the last step: always
     clock.now += 0.1
-    report(50, 100, {"eval/reward_mean": 0.3})  # an evaluating step: always
+    report(50, 100, {"eval/reward_mean": 0.3}, 100)  # an evaluating step: always
     assert [c[1][-1]["status"]["progress"]["step"] for c in api.calls][-2:] == [100, 50]
+
+
+def test_each_write_says_when_it_was_made_and_the_last_checkpoint() -> None:
+    api, clock = RecordingApi(), Clock()
+    utc = dt.timezone.utc
+    times = iter(
+        [
+            dt.datetime(2026, 12, 7, 14, 0, 0, 250_000, tzinfo=utc),
+            dt.datetime(2026, 12, 7, 15, 0, 30, tzinfo=utc),
+        ]
+    )
+    report = StatusReporter(api, "j", "ns", min_interval=10.0, clock=clock, wall_clock=lambda: next(times))
+    report(1, 10, {}, None)  # no checkpoint yet
+    clock.now += 30.0
+    report(2, 10, {}, 2)
+    first, second = [c[1][-1]["status"][contract.STATUS_PROGRESS] for c in api.calls]
+    assert first[contract.PROGRESS_UPDATED] == "2026-12-07T14:00:00Z"
+    assert contract.PROGRESS_CHECKPOINT_STEP not in first  # a merge patch: absent, never null
+    assert second[contract.PROGRESS_UPDATED] == "2026-12-07T15:00:30Z"
+    assert second[contract.PROGRESS_CHECKPOINT_STEP] == 2
 
 
 def test_every_write_and_read_has_a_timeout() -> None:
     api = RecordingApi()
-    StatusReporter(api, "j", "ns")(1, 10, {})
+    StatusReporter(api, "j", "ns")(1, 10, {}, None)
     jobs = KubernetesJob(api, "j", "ns")
     jobs.read()
     jobs.patch_status({"status": {"rollout": {"syncedGeneration": 1}}})
@@ -97,5 +119,5 @@ def test_a_hung_api_connection_costs_the_step_its_timeout(silent_server: int) ->
     api = kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(config))
     report = StatusReporter(api, "j", "ns", request_timeout=(0.5, 0.5))
     started = time.monotonic()
-    report(1, 10, {"reward/mean": 0.5})  # logged, not raised
+    report(1, 10, {"reward/mean": 0.5}, None)  # logged, not raised
     assert time.monotonic() - started < 5.0

@@ -10,8 +10,9 @@
         elastic_rollout(run.ctx, metrics)         # step boundary: follow the fleet's owner, add/drain
         sync_weights(run.ctx)                     # weight sync
         evaluate_if_due(run, step + 1, metrics)   # evaluation (every eval.every steps, and the last)
-        log_step(run, step, metrics)              # log: JSONL, samples, /metrics, trackers, bar, status
+        log_step(run, step, metrics)              # log: JSONL, samples, /metrics, trackers, bar
         save_checkpoint_if_due(run, step + 1)     # checkpoint (every N steps and at the end)
+        report_progress(run, step + 1, metrics)   # status: the job's status.progress (on a cluster)
     export_final(run)                             # the policy as a Hugging Face model directory
     finish(run)                                   # summary, report
     teardown(run)                                 # `startup`: what setup started
@@ -120,6 +121,8 @@ def run(
             log_step(r, step, metrics, evaluated)
             # checkpoint
             save_checkpoint_if_due(r, step + 1)
+            # status (after the checkpoint, so that the write names it)
+            report_progress(r, step + 1, metrics)
             if preemption is not None and preemption.requested and step + 1 < spec.training.steps:
                 stop_on_preemption(r, step + 1, preemption)
         model = export_final(r)
@@ -166,8 +169,8 @@ def evaluate_if_due(r: Run, done: int, metrics: dict[str, Any]) -> dict[str, Ste
 def log_step(
     r: Run, step: int, metrics: dict[str, Any], evaluated: dict[str, StepBatch] | None = None
 ) -> None:
-    """Write the step's metrics to the JSONL log, the /metrics endpoint, the trackers, the bar and
-    the job status; a few of its samples (and of the evaluation's) to the sample log."""
+    """Write the step's metrics to the JSONL log, the /metrics endpoint, the trackers and the bar;
+    a few of its samples (and of the evaluation's) to the sample log."""
     ctx = r.ctx
     from rlhf_trainer.metrics import step_rates
 
@@ -199,8 +202,13 @@ def log_step(
     if logs.progress is not None:
         logs.progress.set_postfix(reward=f"{metrics.get('reward/mean', float('nan')):.3f}", refresh=False)
         logs.progress.update(1)
+
+
+def report_progress(r: Run, done: int, metrics: dict[str, Any]) -> None:
+    """Hand the step to the status callback (the controller pod's `status.progress`), with the
+    step of the last checkpoint (`Run.checkpoint_step`)."""
     if r.on_status is not None:
-        r.on_status(step + 1, ctx.spec.training.steps, metrics)
+        r.on_status(done, r.ctx.spec.training.steps, metrics, r.checkpoint_step)
 
 
 def save_checkpoint_if_due(r: Run, done: int) -> None:
@@ -236,9 +244,11 @@ def save_checkpoint(r: Run, done: int) -> Path:
     tensors: dict[str, Any] = {}
     if ctx.ahead is not None:  # the next step's batch, generated ahead: part of an exact resume
         state["rollout_ahead"], tensors = ctx.ahead.state()
-    return checkpoint.save(
+    path = checkpoint.save(
         r.checkpoint_dir, done, state, write_workers, ctx.spec.checkpoint.keep, controller_tensors=tensors
     )
+    r.checkpoint_step = done
+    return path
 
 
 def export_final(r: Run) -> Path | None:

@@ -267,7 +267,9 @@ class StatusReporter:
         min_interval: float = MIN_INTERVAL_SECONDS,
         clock: Any = None,
         request_timeout: tuple[float, float] | None = None,
+        wall_clock: Any = None,
     ):
+        import datetime as dt
         import time
 
         from rlhf_trainer.fleet.cluster_membership import API_REQUEST_TIMEOUT
@@ -277,6 +279,8 @@ class StatusReporter:
         self.namespace = namespace
         self.min_interval = min_interval
         self.clock = clock or time.monotonic
+        #: The time each write is stamped with (`progress.updated`).
+        self.wall_clock = wall_clock or (lambda: dt.datetime.now(dt.timezone.utc))
         self.request_timeout = request_timeout or API_REQUEST_TIMEOUT
         self._last_write: float | None = None
 
@@ -294,9 +298,14 @@ class StatusReporter:
         config.load_incluster_config()
         return cls(client.CustomObjectsApi(), name, namespace)
 
-    def progress(self, done: int, total: int, metrics: dict[str, float]) -> dict[str, Any]:
-        """The `status.progress` object for `done` of `total` steps."""
+    def progress(
+        self, done: int, total: int, metrics: dict[str, float], checkpoint_step: int | None = None
+    ) -> dict[str, Any]:
+        """The `status.progress` object for `done` of `total` steps, stamped now (`updated`), with
+        the step of the last checkpoint (none before any: the key is left out)."""
         import math
+
+        from rlhf_api.status import rfc3339
 
         keep = (
             "reward/mean",
@@ -310,8 +319,11 @@ class StatusReporter:
         progress: dict[str, Any] = {
             c.PROGRESS_STEP: done,
             c.PROGRESS_TOTAL_STEPS: total,
+            c.PROGRESS_UPDATED: rfc3339(self.wall_clock()),
             c.PROGRESS_METRICS: {c.progress_metric_key(k): f"{metrics[k]:.6g}" for k in keep if k in metrics},
         }
+        if checkpoint_step is not None:
+            progress[c.PROGRESS_CHECKPOINT_STEP] = int(checkpoint_step)
         reward = metrics.get("reward/mean")
         # A number for the printer column; NaN (every sample's reward failed) cannot travel in JSON.
         if isinstance(reward, (int, float)) and math.isfinite(reward):
@@ -328,7 +340,9 @@ class StatusReporter:
             return True
         return self.clock() - self._last_write >= self.min_interval
 
-    def __call__(self, done: int, total: int, metrics: dict[str, float]) -> None:
+    def __call__(
+        self, done: int, total: int, metrics: dict[str, float], checkpoint_step: int | None = None
+    ) -> None:
         c = contract
         if not self.due(done, total, metrics):
             return
@@ -340,7 +354,7 @@ class StatusReporter:
                 self.namespace,
                 c.PLURAL,
                 self.name,
-                self.progress(done, total, metrics),
+                self.progress(done, total, metrics, checkpoint_step),
                 _request_timeout=self.request_timeout,
             )
         except Exception as err:  # reporting must never stop training

@@ -50,7 +50,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-StatusCallback = Callable[[int, int, dict[str, float]], None]
+#: Called after each step's checkpoint phase: (steps done, total steps, the step's metrics, the step
+#: of the last checkpoint saved or resumed from, None before any). The controller pod's is
+#: `run_cli.StatusReporter`, which writes `status.progress`.
+StatusCallback = Callable[[int, int, dict[str, float], int | None], None]
 
 
 class RunError(RuntimeError):
@@ -93,6 +96,9 @@ class Run:
     logs: RunLogs | None = None
     """Opened by `start_logging`, the last step of `setup`: the loop reads them through `opened`."""
     on_status: StatusCallback | None = None
+    checkpoint_step: int | None = None
+    """The step of the last complete checkpoint this run saved or resumed from (None before any):
+    set by `maybe_resume` and `controller.save_checkpoint`, reported as status.progress.checkpointStep."""
     history: list[dict[str, float]] = field(default_factory=list)
     owns_ray: bool = False
     groups: list[WorkerGroup] = field(default_factory=list)
@@ -445,6 +451,7 @@ def maybe_resume(r: Run, resume: bool) -> int:
             ctx.ahead = RolloutAhead(ctx)
         ctx.ahead.restore(state["rollout_ahead"], checkpoint.load_controller_tensors(found))
     step = int(state["step"])
+    r.checkpoint_step = step
     truncate_logs(ctx.run_dir, step)
     log.info("resumed from %s at step %d", found, step)
     print(f"resuming from {found} (step {step})", file=sys.stderr)

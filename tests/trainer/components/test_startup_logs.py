@@ -36,14 +36,14 @@ def test_the_logs_open_together_and_teardown_closes_them(tmp_path: Path) -> None
     with pytest.raises(RunError, match="job logs: the run's logs are not open"):
         r.opened()
     seen: list[int] = []
-    start_logging(r, lambda done, total, metrics: seen.append(done))
+    start_logging(r, lambda done, total, metrics, checkpoint_step: seen.append(done))
     logs = r.opened()
     assert (tmp_path / "metrics_port").read_text() == f"{logs.server.port}\n" and logs.server.port > 0
     assert logs.progress is None
     logs.steps.log({"reward/mean": 0.5}, step=0)
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
     assert r.on_status is not None
-    r.on_status(1, 1, {})
+    r.on_status(1, 1, {}, None)
     assert seen == [1]
     teardown(r)
     with pytest.raises(ValueError, match="is closed"):

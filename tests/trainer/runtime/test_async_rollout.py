@@ -92,7 +92,9 @@ def test_resume_with_a_rollout_ahead_matches_the_uninterrupted_run(tiny_model, r
     run(job, run_dir=tmp_path / "straight", resume=False)
     expected = {r["step"]: r for r in read_metrics(tmp_path / "straight")}
 
-    def stop_after_step_3(done: int, total: int, metrics: dict[str, float]) -> None:
+    def stop_after_step_3(
+        done: int, total: int, metrics: dict[str, float], checkpoint_step: int | None
+    ) -> None:
         if done == 3:
             raise Interrupted("stopped after step 3")
 

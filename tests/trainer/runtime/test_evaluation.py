@@ -130,9 +130,9 @@ def test_evaluation_reaches_the_log_metrics_status_report_and_tensorboard(
     patches: dict[int, dict[str, Any]] = {}
     reporter = StatusReporter(api=None, name="eval-e2e", namespace="default")
 
-    def on_status(done: int, total: int, metrics: dict[str, float]) -> None:
+    def on_status(done: int, total: int, metrics: dict[str, float], checkpoint_step: int | None) -> None:
         scraped[done] = _scrape(run_dir)
-        patches[done] = reporter.progress(done, total, metrics)["status"]["progress"]
+        patches[done] = reporter.progress(done, total, metrics, checkpoint_step)["status"]["progress"]
 
     run(job, run_dir=run_dir, on_status=on_status)
 

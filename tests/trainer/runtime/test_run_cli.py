@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
 import sys
 
@@ -41,13 +42,16 @@ def test_run_of_an_invalid_manifest_names_the_field(tmp_path, capsys):
 
 
 def test_status_progress_payload():
-    reporter = StatusReporter(api=None, name="job", namespace="ns")
-    body = reporter.progress(3, 10, {"reward/mean": 0.5, "timing/step": 1.25, "other": 1.0})
+    now = dt.datetime(2026, 12, 7, 14, 0, 0, tzinfo=dt.timezone.utc)
+    reporter = StatusReporter(api=None, name="job", namespace="ns", wall_clock=lambda: now)
+    body = reporter.progress(3, 10, {"reward/mean": 0.5, "timing/step": 1.25, "other": 1.0}, 2)
     assert body == {
         "status": {
             "progress": {
                 "step": 3,
                 "totalSteps": 10,
+                "updated": "2026-12-07T14:00:00Z",
+                "checkpointStep": 2,
                 "metrics": {"reward_mean": "0.5", "timing_step": "1.25"},
                 "reward": 0.5,
             }

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from operator_helpers import at, job, names, phase, running, scheduled, unschedulable, with_status
 
-from rlhf_operator import reconcile
+from rlhf_operator import pass_state, reconcile
 from rlhf_operator.cache import PodCache, _trim
 
 
@@ -146,7 +146,7 @@ def test_the_plan_from_cached_pods_is_the_plan_from_whole_pods(
     whole = reconcile.plan(body, copy.deepcopy(pods), at(t))
     cached = reconcile.plan(body, [_trim(p) for p in pods], at(t))
 
-    def seen(plan: reconcile.Plan) -> Any:
+    def seen(plan: pass_state.Plan) -> Any:
         return (
             plan.status,
             names(plan.create),

@@ -169,7 +169,8 @@ def test_every_progress_key_the_trainer_writes_is_in_the_schema() -> None:
         "eval/reward_mean": -1e300,
         "eval/step": 4,
     }
-    progress = StatusReporter(None, "j", "ns").progress(3, 20, metrics)["status"]["progress"]
+    progress = StatusReporter(None, "j", "ns").progress(3, 20, metrics, 2)["status"]["progress"]
+    assert {"updated", "checkpointStep"} <= set(progress)
     schema = version()["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["progress"]
     assert set(progress) <= set(schema["properties"]), set(progress) - set(schema["properties"])
     bound = schema["properties"]["metrics"]["additionalProperties"]["maxLength"]

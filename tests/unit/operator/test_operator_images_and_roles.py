@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from operator_helpers import BASE_SPEC, at, job
 
-from rlhf_operator import images, reconcile
+from rlhf_operator import images, pass_state, reconcile
 from rlhf_operator.status import get_condition
 
 NO_IMAGE = {k: v for k, v in BASE_SPEC.items() if k != "image"}
@@ -26,11 +26,11 @@ ALL_ROLES = {
 }
 
 
-def _roles(plan: reconcile.Plan) -> list[str]:
+def _roles(plan: pass_state.Plan) -> list[str]:
     return sorted({p["metadata"]["labels"]["rlhf.dev/role"] for p in plan.create if p["kind"] == "Pod"})
 
 
-def _images(plan: reconcile.Plan) -> set[str]:
+def _images(plan: pass_state.Plan) -> set[str]:
     return {c["image"] for p in plan.create if p["kind"] == "Pod" for c in p["spec"]["containers"]}
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from operator_helpers import T0, at
 
+from rlhf_api.status import rfc3339
 from rlhf_operator import failure_policy, pod_health
-from rlhf_operator.status import rfc3339
 
 IMAGE = "docker.io/library/nope:1"
 PULL_ERROR = (

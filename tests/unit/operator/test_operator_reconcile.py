@@ -9,7 +9,7 @@ from typing import Any
 from operator_helpers import at, job, names, phase, running, scheduled, unschedulable, with_status
 
 from rlhf_api.loader import parse_job
-from rlhf_operator import children, reconcile
+from rlhf_operator import children, pass_state, reconcile
 from rlhf_operator.status import get_condition
 
 ALL = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0", "j-rollout-0", "j-rollout-1"]
@@ -25,7 +25,7 @@ def pods_of(
 
 def step(
     body: dict[str, Any], pods: list[dict[str, Any]], t: float = 0
-) -> tuple[reconcile.Plan, dict[str, Any]]:
+) -> tuple[pass_state.Plan, dict[str, Any]]:
     """One pass; returns the plan and the job with the plan's status applied (as the API would)."""
     plan = reconcile.plan(body, pods, at(t))
     return plan, with_status(body, plan.status)
@@ -79,7 +79,7 @@ def test_steady_state_plan_is_empty_and_status_unchanged() -> None:
     body, pods = running_job()
     plan, _ = step(body, pods, t=10)
     assert (plan.create, plan.delete, plan.events) == ([], [], [])
-    assert reconcile.operator_status(body["status"]) == reconcile.operator_status(plan.status)
+    assert pass_state.operator_status(body["status"]) == pass_state.operator_status(plan.status)
 
 
 def test_failed_actor_restarts_the_whole_gang_after_backoff() -> None:

@@ -12,7 +12,7 @@ import pytest
 from operator_helpers import at, job, names, phase, running, with_status
 
 from rlhf_api.loader import parse_job
-from rlhf_operator import children, reconcile
+from rlhf_operator import children, pass_state, reconcile
 from rlhf_operator.status import get_condition
 
 ALL = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0", "j-rollout-0", "j-rollout-1"]
@@ -23,7 +23,9 @@ FATAL_EXIT = {"action": "FailJob", "onReasons": ["ContainerExitCode"], "exitCode
 RETRY_PULLS = {"action": "RestartGang", "onReasons": ["ImagePullFailed"]}
 
 
-def step(body: dict[str, Any], pods: list[dict[str, Any]], t: float) -> tuple[reconcile.Plan, dict[str, Any]]:
+def step(
+    body: dict[str, Any], pods: list[dict[str, Any]], t: float
+) -> tuple[pass_state.Plan, dict[str, Any]]:
     plan = reconcile.plan(body, pods, at(t))
     return plan, with_status(body, plan.status)
 

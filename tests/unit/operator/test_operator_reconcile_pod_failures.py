@@ -12,8 +12,9 @@ import pytest
 from operator_helpers import at, job, names, running, with_status
 
 from rlhf_api.loader import parse_job
-from rlhf_operator import children, failure_policy, reconcile
-from rlhf_operator.status import get_condition, rfc3339
+from rlhf_api.status import rfc3339
+from rlhf_operator import child_failures, children, failure_policy, pass_state, reconcile
+from rlhf_operator.status import get_condition
 
 ALL = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0", "j-rollout-0", "j-rollout-1"]
 IMAGE = "trainer:test"
@@ -23,7 +24,9 @@ PULL_ERROR = (
 )
 
 
-def step(body: dict[str, Any], pods: list[dict[str, Any]], t: float) -> tuple[reconcile.Plan, dict[str, Any]]:
+def step(
+    body: dict[str, Any], pods: list[dict[str, Any]], t: float
+) -> tuple[pass_state.Plan, dict[str, Any]]:
     plan = reconcile.plan(body, pods, at(t))
     return plan, with_status(body, plan.status)
 
@@ -305,7 +308,7 @@ def test_forbidden_create_is_reported_once_and_retried_with_a_growing_delay() ->
     body = job()
     _, body = step(body, [], 0)
     refused = failure_policy.Rejection("Pod", "j-actor-0", 403, QUOTA)
-    report = reconcile.report_children(body["status"], refused, True, at(1))
+    report = child_failures.report_children(body["status"], refused, True, at(1))
     assert [(e.type, e.reason) for e in report.events] == [("Warning", "QuotaExceeded")]
     assert "Pod j-actor-0: refused by the API server (HTTP 403): " + QUOTA in report.events[0].message
     assert report.requeue_after == 5
@@ -314,25 +317,25 @@ def test_forbidden_create_is_reported_once_and_retried_with_a_growing_delay() ->
     c = cond(body, "ChildFailure")
     assert (c["status"], c["reason"]) == ("True", "QuotaExceeded")
 
-    again = reconcile.report_children(body["status"], refused, True, at(41))
+    again = child_failures.report_children(body["status"], refused, True, at(41))
     assert again.events == [] and again.status is None  # same occurrence: no Event, no write
     assert again.requeue_after == 40
 
     other = failure_policy.Rejection("Pod", "j-actor-1", 403, QUOTA.replace("j-actor-0", "j-actor-1"))
-    moved = reconcile.report_children(body["status"], other, True, at(42))
+    moved = child_failures.report_children(body["status"], other, True, at(42))
     assert [e.reason for e in moved.events] == ["QuotaExceeded"]  # a new object: a new occurrence
 
-    created = reconcile.report_children(body["status"], None, True, at(50))
+    created = child_failures.report_children(body["status"], None, True, at(50))
     assert created.status is not None
     c = cond(with_status(body, created.status), "ChildFailure")
     assert (c["status"], c["reason"]) == ("False", "ChildrenCreated")
-    assert reconcile.report_children(body["status"], None, False, at(50)).status is None  # nothing tried
+    assert child_failures.report_children(body["status"], None, False, at(50)).status is None  # nothing tried
 
 
 def test_invalid_child_fails_the_job() -> None:
     body = job()
     _, body = step(body, [], 0)
-    report = reconcile.report_children(
+    report = child_failures.report_children(
         body["status"], failure_policy.Rejection("Pod", "j-actor-0", 422, INVALID), True, at(1)
     )
     assert report.status is not None and report.status["phase"] == "Failed"
@@ -344,7 +347,9 @@ def test_invalid_child_fails_the_job() -> None:
     # The next pass frees what was created; a finished job reports nothing more.
     plan, _ = step(body, pods_at(body, running), 2)
     assert names(plan.delete) == ALL
-    assert reconcile.report_children(body["status"], None, True, at(3)) == reconcile.ChildrenReport()
+    assert (
+        child_failures.report_children(body["status"], None, True, at(3)) == child_failures.ChildrenReport()
+    )
 
 
 def test_pods_showing_the_same_problem_one_after_the_other_make_one_event() -> None:

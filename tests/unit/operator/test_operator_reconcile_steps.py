@@ -14,12 +14,12 @@ import pytest
 from operator_helpers import T0, at, job, names, phase, running, scheduled, unschedulable, with_record
 
 from rlhf_api.loader import parse_job
-from rlhf_operator import children, reconcile
-from rlhf_operator.status import rfc3339
+from rlhf_api.status import rfc3339
+from rlhf_operator import children, pass_state, reconcile
 
 ALL = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0", "j-rollout-0", "j-rollout-1"]
 GANG = ["j-actor-0", "j-actor-1", "j-controller", "j-reference-0"]
-DONE, NEXT = reconcile.DONE, reconcile.NEXT
+DONE, NEXT = pass_state.DONE, pass_state.NEXT
 Pod = dict[str, Any]
 State = Callable[[Pod], Pod]
 
@@ -47,10 +47,10 @@ def pods_(b: dict[str, Any], attempt: int = 0, state: State = running, **by_name
 
 
 def run_to(
-    step: reconcile.Step, b: dict[str, Any], pods: list[Pod], t: float = 0
-) -> tuple[reconcile.Pass, bool]:
+    step: pass_state.Step, b: dict[str, Any], pods: list[Pod], t: float = 0
+) -> tuple[pass_state.Pass, bool]:
     """The pass up to `step` (each earlier step must hand on), then `step`: (pass, whether it ended)."""
-    p = reconcile.Pass.start(b, pods, at(t))
+    p = pass_state.Pass.start(b, pods, at(t))
     for s in reconcile.STEPS:
         if s is step:
             return p, step(p)
@@ -58,13 +58,13 @@ def run_to(
     raise AssertionError(f"{step.__name__} is not a step")
 
 
-def cond(p: reconcile.Pass, type_: str) -> tuple[str, str] | None:
+def cond(p: pass_state.Pass, type_: str) -> tuple[str, str] | None:
     c = p.condition(type_)
     return (c["status"], c["reason"]) if c else None
 
 
-def events(p: reconcile.Pass) -> list[str]:
-    return [e.reason for e in p.out.events]
+def events(p: pass_state.Pass) -> list[str]:
+    return [e.reason for e in p.plan.events]
 
 
 def deleting(p: Pod) -> Pod:
@@ -155,12 +155,12 @@ PARSE = [
 def test_parse_spec(b: dict[str, Any], want: tuple[bool, str, str | None, Any]) -> None:
     p, ended = run_to(reconcile.parse_spec, b, [])
     mentions = want[2]
-    assert (ended, p.st["phase"], p.st.get("completionTime")) == (
+    assert (ended, p.status["phase"], p.status.get("completionTime")) == (
         want[0],
         want[1],
         rfc3339(T0) if want[3] else None,
     )
-    assert (p.out.invalid is None) if mentions is None else (mentions in (p.out.invalid or ""))
+    assert (p.plan.invalid is None) if mentions is None else (mentions in (p.plan.invalid or ""))
     assert (cond(p, "Failed") == ("True", "InvalidSpec")) is (mentions is not None)
 
 
@@ -168,7 +168,7 @@ def test_parse_spec_keeps_the_completion_time_of_a_failed_job() -> None:
     b = body_("Failed", algorithm={"name": "nope"})
     b["status"]["completionTime"] = "2024-12-31T00:00:00Z"
     p, _ = run_to(reconcile.parse_spec, b, [])
-    assert p.st["completionTime"] == "2024-12-31T00:00:00Z"
+    assert p.status["completionTime"] == "2024-12-31T00:00:00Z"
 
 
 # -- sort_attempts: (case, restarts, pods) -> (current, deleted) --------------------------------------
@@ -185,7 +185,7 @@ SORT = [
 @pytest.mark.parametrize("restarts,pods,want", [c[1:] for c in SORT], ids=[c[0] for c in SORT])
 def test_sort_attempts(restarts: int, pods: list[Pod], want: tuple[list[str], list[str]]) -> None:
     p, ended = run_to(reconcile.sort_attempts, body_("Running", restarts=restarts), pods)
-    assert (ended, p.attempt, names(p.current), names(p.out.delete)) == (NEXT, restarts, *want)
+    assert (ended, p.attempt, names(p.current), names(p.plan.delete)) == (NEXT, restarts, *want)
 
 
 # -- finished: (case, phase, ttl, now, pods) -> (ended, deleted, requeue, delete the job) -------------
@@ -206,7 +206,7 @@ def test_finished(
     b = body_(phase_, ttlSecondsAfterFinished=ttl) if ttl is not None else body_(phase_)
     b["status"]["completionTime"] = rfc3339(T0)
     p, ended = run_to(reconcile.finished, b, pods_(b, state=state), t)
-    assert (ended, names(p.out.delete), p.out.requeue_after, p.out.delete_job) == want
+    assert (ended, names(p.plan.delete), p.plan.requeue_after, p.plan.delete_job) == want
 
 
 # -- suspended: (case, suspend, conditions, pods) -> (ended, phase, deleted, Suspended, Running, events)
@@ -236,7 +236,14 @@ SUSPENDED = [
 def test_suspended(suspend: bool, conds: list[dict[str, Any]], state: State, want: tuple[Any, ...]) -> None:
     b = body_("Running", conditions=conds, suspend=suspend)
     p, ended = run_to(reconcile.suspended, b, pods_(b, state=state))
-    got = (ended, p.st["phase"], names(p.out.delete), cond(p, "Suspended"), cond(p, "Running"), events(p))
+    got = (
+        ended,
+        p.status["phase"],
+        names(p.plan.delete),
+        cond(p, "Suspended"),
+        cond(p, "Running"),
+        events(p),
+    )
     assert got == want
 
 
@@ -253,7 +260,7 @@ def test_resumed(phase_: str, want: tuple[Any, ...]) -> None:
     b = body_(phase_)
     p, ended = run_to(reconcile.resumed, b, [])
     assert ended is NEXT
-    assert (p.phase, p.st["phase"], cond(p, "Suspended"), events(p)) == want
+    assert (p.phase, p.status["phase"], cond(p, "Suspended"), events(p)) == want
 
 
 # -- kueue_stopped: (case, queue, conditions, pod state) -> (ended, phase, deleted, Suspended, events) --
@@ -322,7 +329,7 @@ def test_kueue_stopped(
     spec = {"scheduling": {"timeoutSeconds": 60, **({"queueName": queue} if queue else {})}}
     b = body_("Running", conditions=conds, **spec)
     p, ended = run_to(reconcile.kueue_stopped, b, pods_(body_("Running", **spec), state=state))
-    got = (ended, p.st["phase"], names(p.out.delete), cond(p, "Suspended"), events(p))
+    got = (ended, p.status["phase"], names(p.plan.delete), cond(p, "Suspended"), events(p))
     assert got == want
 
 
@@ -350,15 +357,15 @@ SUCCESS = [
 def test_controller_succeeded(pods: list[Pod], ttl: int | None, want: tuple[Any, ...]) -> None:
     b = body_("Running", ttlSecondsAfterFinished=ttl) if ttl else body_("Running")
     p, ended = run_to(reconcile.controller_succeeded, b, pods)
-    assert (ended, p.st["phase"], names(p.out.delete), events(p), p.out.requeue_after) == want
+    assert (ended, p.status["phase"], names(p.plan.delete), events(p), p.plan.requeue_after) == want
     if ended:
-        assert cond(p, "Succeeded") == ("True", "ControllerSucceeded") and p.st["completionTime"]
+        assert cond(p, "Succeeded") == ("True", "ControllerSucceeded") and p.status["completionTime"]
 
 
 def test_controller_succeeded_only_in_the_current_attempt() -> None:
     """A predecessor attempt's Succeeded controller decides nothing (it is deleted as stale)."""
     p, ended = run_to(reconcile.controller_succeeded, B1, B1_PODS_OLD_DONE)
-    assert (ended, p.st["phase"]) == (NEXT, "Running")
+    assert (ended, p.status["phase"]) == (NEXT, "Running")
 
 
 # -- desired_pods: (case, spec updates) -> (gang, rollout replicas) -----------------------------------
@@ -458,7 +465,7 @@ ACT = [
 @pytest.mark.parametrize("phase_,restarts,pods,want", [c[1:] for c in ACT], ids=[c[0] for c in ACT])
 def test_act_on_failures(phase_: str, restarts: int, pods: list[Pod], want: tuple[Any, ...]) -> None:
     p, ended = run_to(reconcile.act_on_failures, body_(phase_, restarts), pods, t=1)
-    assert (ended, p.st["phase"], p.st["restarts"], names(p.out.delete), events(p)) == want
+    assert (ended, p.status["phase"], p.status["restarts"], names(p.plan.delete), events(p)) == want
 
 
 # -- report_problems: (case, conditions, pods, t) -> (PodFailure, events, requeue) ---------------------
@@ -501,7 +508,7 @@ def test_report_problems(
             c.setdefault("lastTransitionTime", rfc3339(T0))
     p, ended = run_to(reconcile.report_problems, body_("Scheduling", conditions=conds), pods, t)
     assert ended is NEXT
-    assert (cond(p, "PodFailure"), events(p), p.out.requeue_after) == want
+    assert (cond(p, "PodFailure"), events(p), p.plan.requeue_after) == want
 
 
 # -- restart_backoff: (case, phase, t) -> (ended, requeue); restarts 1: backoff 10 s --------------------
@@ -518,7 +525,7 @@ def test_restart_backoff(phase_: str, t: float, want: tuple[bool, float | None])
     b = body_(phase_, restarts=1, conditions=restarting_since(0))
     pods = pods_(b, 1) if phase_ == "Running" else []
     p, ended = run_to(reconcile.restart_backoff, b, pods, t)
-    assert (ended, p.out.requeue_after) == want
+    assert (ended, p.plan.requeue_after) == want
 
 
 # -- rollout_fleet: (case, rollout status, pods) -> (generation, ready, to create, leaving, events) ----
@@ -547,8 +554,8 @@ def test_rollout_fleet(rollout: dict[str, Any] | None, pods: list[Pod], want: tu
         b["status"]["rollout"] = rollout
     p, ended = run_to(reconcile.rollout_fleet, b, pods)
     got = (
-        p.st["rollout"]["generation"],
-        p.st["rollout"]["ready"],
+        p.status["rollout"]["generation"],
+        p.status["rollout"]["ready"],
         sorted(p.desired_rollout),
         p.leaving,
         events(p),
@@ -570,8 +577,8 @@ CREATE = [
 def test_create_missing(pods: list[Pod], want: tuple[list[str], list[str]]) -> None:
     b = body_("Pending")
     p, ended = run_to(reconcile.create_missing, b, pods)
-    assert (ended, names(p.out.create), sorted(r.name for r in p.out.blocked)) == (NEXT, *want)
-    assert all(r.reason == "NotOwned" for r in p.out.blocked)
+    assert (ended, names(p.plan.create), sorted(r.name for r in p.plan.blocked)) == (NEXT, *want)
+    assert all(r.reason == "NotOwned" for r in p.plan.blocked)
 
 
 # -- count_members: (case, phase, pods) -> (members, expected) ----------------------------------------
@@ -633,7 +640,7 @@ def test_all_created(phase_: str, pods: list[Pod], want: tuple[Any, ...]) -> Non
         conditions=restarting_since(-100) if phase_ == "Restarting" else [],
     )
     p, ended = run_to(reconcile.all_created, b, pods)
-    assert (ended, p.st["phase"], cond(p, "Restarting"), events(p)) == want
+    assert (ended, p.status["phase"], cond(p, "Restarting"), events(p)) == want
     if p.phase == "Scheduling" and phase_ != "Scheduling":
         assert cond(p, "Scheduled") == ("False", "WaitingForScheduler")
         assert p.condition("Scheduled")["lastTransitionTime"] == rfc3339(T0)  # the scheduling clock starts
@@ -697,15 +704,15 @@ def test_all_scheduled(on_timeout: str, pods: list[Pod], t: float, want: tuple[A
     p, ended = run_to(reconcile.all_scheduled, b, pods, t)
     got = (
         ended,
-        p.st["phase"],
+        p.status["phase"],
         cond(p, "Scheduled"),
         cond(p, "Unschedulable"),
         events(p),
-        p.out.requeue_after,
+        p.plan.requeue_after,
     )
     assert got == want
     if ended:
-        assert p.out.create == [] and names(p.out.delete) == ALL
+        assert p.plan.create == [] and names(p.plan.delete) == ALL
 
 
 # -- all_running: (case, phase, pods) -> (phase, Running, startTime, events) ---------------------------
@@ -722,4 +729,4 @@ def test_all_running(phase_: str, pods: list[Pod], want: tuple[Any, ...]) -> Non
     b = body_(phase_, conditions=scheduled_clock(0) if phase_ == "Scheduling" else [])
     p, ended = run_to(reconcile.all_running, b, pods)
     assert ended is DONE  # the last step
-    assert (p.st["phase"], cond(p, "Running"), p.st.get("startTime"), events(p)) == want
+    assert (p.status["phase"], cond(p, "Running"), p.status.get("startTime"), events(p)) == want

@@ -11,7 +11,7 @@ from operator_helpers import at, job, merge_patch, names, phase, running, schedu
 from test_operator_executor import FakeKube, run
 
 from rlhf_api.loader import parse_job
-from rlhf_operator import children, reconcile, restart_record
+from rlhf_operator import children, pass_state, reconcile, restart_record
 from rlhf_operator.executor import Executor
 from rlhf_operator.status import get_condition
 
@@ -20,7 +20,9 @@ def pods_of(body: dict[str, Any], attempt: int = 0, state: Any = running) -> lis
     return [state(p) for p in children.build_pods(parse_job(body), attempt).values()]
 
 
-def step(body: dict[str, Any], pods: list[dict[str, Any]], t: float) -> tuple[reconcile.Plan, dict[str, Any]]:
+def step(
+    body: dict[str, Any], pods: list[dict[str, Any]], t: float
+) -> tuple[pass_state.Plan, dict[str, Any]]:
     """One pass, its status and its record applied as the executor writes them."""
     plan = reconcile.plan(body, pods, at(t))
     out = copy.deepcopy(body)

@@ -11,9 +11,9 @@ from operator_helpers import at, job
 from test_operator_executor import FakeKube
 
 from rlhf_api import contract
+from rlhf_api.status import rfc3339
 from rlhf_operator import stuck_pods
 from rlhf_operator.executor import Executor
-from rlhf_operator.status import rfc3339
 
 
 def pod(name: str, node: str = "n1", deleted_at: float | None = 0.0) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from rlhf_api.loader import parse_job, parse_spec
 from rlhf_api.roles import FailurePolicyRuleSpec, FailurePolicySpec
 from rlhf_api.schema import openapi_schema
 from rlhf_api.status import FAILED
-from rlhf_operator import children, failure_policy, reconcile, tenant_limits
+from rlhf_operator import children, failure_policy, pass_state, reconcile, tenant_limits
 from rlhf_operator.status import get_condition, set_condition, summary
 from rlhf_operator.tenant_limits import Limits, clamp_int, host_path_allowed
 
@@ -253,7 +253,7 @@ def test_a_forged_restart_count_costs_nothing(restarts: Any) -> None:
     started = time.perf_counter()
     out = reconcile.plan(_restarting(restarts), [], at(0), admitted=True)  # no CEL: the pass alone
     assert time.perf_counter() - started < 2.0
-    assert 0 <= out.status["restarts"] <= reconcile.MAX_RESTARTS
+    assert 0 <= out.status["restarts"] <= pass_state.MAX_RESTARTS
     assert all(
         p["metadata"]["labels"]["rlhf.dev/restart-attempt"] == str(out.status["restarts"]) for p in out.create
     )
