@@ -43,7 +43,8 @@ def make_model(name: str, root: Path) -> tuple[Path, int]:
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     from rlhf_api.sections import ModelSpec
-    from rlhf_trainer.bootstrap import build_char_tokenizer, ensure_model
+    from rlhf_trainer.bootstrap import ensure_model
+    from rlhf_trainer.tiny_model import build_char_tokenizer
 
     path = root / name
     if name == "quickstart":

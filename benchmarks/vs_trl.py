@@ -60,7 +60,8 @@ SIZES: dict[str, tuple[int, int, int] | None] = {"tiny": None, "30m": (512, 7, 8
 def make_model(size: str, out: Path) -> Path:
     """The model directory of `size` (the bootstrap model, cached; or a fresh one under `out`)."""
     from rlhf_api.sections import ModelSpec
-    from rlhf_trainer.bootstrap import build_char_tokenizer, build_tiny_model, ensure_model
+    from rlhf_trainer.bootstrap import ensure_model
+    from rlhf_trainer.tiny_model import build_char_tokenizer, build_tiny_model
 
     shape = SIZES[size]
     if shape is None:

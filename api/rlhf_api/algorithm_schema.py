@@ -38,6 +38,12 @@ def _union() -> dict[str, list[tuple[str, dataclasses.Field[Any], Any]]]:
     return out
 
 
+def _position(key: str, expr: str) -> int:
+    """Where `key` first appears in `expr` as a name of its own."""
+    found = re.search(rf"(?<![\w.']){key}(?![\w'])", expr)
+    return found.start() if found else len(expr)
+
+
 def _cel_list(names: list[str] | tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{n}'" for n in names) + "]"
 
@@ -197,9 +203,7 @@ def cel_rules() -> list[tuple[Any, ...]]:
         keys = {camel(f.name): None for f in dataclasses.fields(cls)}
         for expr, message in class_rules(cls):
             # The message names the param the rule reads first.
-            first = min(
-                _names_in(expr, keys), key=lambda k: re.search(rf"(?<![\w.']){k}(?![\w'])", expr).start()
-            )  # type: ignore[union-attr]
+            first = min(_names_in(expr, keys), key=lambda k: _position(k, expr))
             rules.append(
                 (
                     f"self.name != '{algo}' || ({_with_defaults(expr, algo)})",

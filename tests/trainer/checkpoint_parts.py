@@ -20,7 +20,7 @@ import torch
 
 def save_tiny_model(path: Path, *, tied: bool = True, hidden_size: int = 32) -> Path:
     """A randomly initialised 2-layer Llama and its char tokenizer, saved with save_pretrained."""
-    from rlhf_trainer.bootstrap import build_char_tokenizer, build_tiny_model
+    from rlhf_trainer.tiny_model import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, hidden_size=hidden_size, seed=0)

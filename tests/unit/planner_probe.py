@@ -42,7 +42,7 @@ def _steps(model, vocab: int, batch: int, seq: int, steps: int = 2):
 def main() -> None:
     import torch
 
-    from rlhf_trainer.bootstrap import build_char_tokenizer, build_tiny_model
+    from rlhf_trainer.tiny_model import build_char_tokenizer, build_tiny_model
 
     hidden, layers, heads, batch, seq = (int(a) for a in sys.argv[1:6])
     torch.set_num_threads(1)

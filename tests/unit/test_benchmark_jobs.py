@@ -84,8 +84,8 @@ def test_the_computed_once_floor_scores_as_the_full_forward(width: int) -> None:
     pass): the same log-probs and gradients as one forward over every row, in fp32."""
     import torch
 
-    from rlhf_trainer.bootstrap import build_char_tokenizer, build_tiny_model
     from rlhf_trainer.rollout.hf import HFRolloutEngine
+    from rlhf_trainer.tiny_model import build_char_tokenizer, build_tiny_model
 
     bench = _vs_trl()
     tok = build_char_tokenizer()

@@ -25,7 +25,7 @@ def _ragged_batch(vocab: int) -> dict[str, torch.Tensor]:
 
 
 def test_checkpointing_on_padded_rows_gives_the_gradients_of_checkpointing_off() -> None:
-    from rlhf_trainer.bootstrap import build_char_tokenizer, build_tiny_model
+    from rlhf_trainer.tiny_model import build_char_tokenizer, build_tiny_model
     from rlhf_trainer.workers import modeling
 
     torch.manual_seed(0)

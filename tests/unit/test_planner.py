@@ -315,7 +315,7 @@ def test_state_estimate_matches_the_tiny_model(tmp_path: Path) -> None:
     weights + gradients + AdamW moments within 15% of the bytes the tensors hold."""
     import torch
 
-    from rlhf_trainer.bootstrap import build_char_tokenizer, build_tiny_model
+    from rlhf_trainer.tiny_model import build_char_tokenizer, build_tiny_model
 
     tok = build_char_tokenizer()
     model = build_tiny_model(tok)

@@ -18,7 +18,7 @@ def _one_thread() -> None:
 @pytest.fixture(scope="session")
 def tiny_lm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A randomly initialised 2-layer Llama and its char tokenizer saved with save_pretrained."""
-    from rlhf_trainer.bootstrap import build_char_tokenizer, build_tiny_model
+    from rlhf_trainer.tiny_model import build_char_tokenizer, build_tiny_model
 
     path = tmp_path_factory.mktemp("tiny-lm")
     tok = build_char_tokenizer()

@@ -13,15 +13,9 @@ from typing import Any
 import pytest
 
 from rlhf_trainer import bootstrap
-from rlhf_trainer.bootstrap import (
-    RECIPES,
-    Recipe,
-    build_char_tokenizer,
-    ensure_model,
-    ensure_prompts,
-    write_prompts,
-)
+from rlhf_trainer.bootstrap import RECIPES, Recipe, ensure_model, ensure_prompts, write_prompts
 from rlhf_trainer.rewards.builtin import arithmetic_exact
+from rlhf_trainer.tiny_model import build_char_tokenizer
 
 
 def test_char_tokenizer_round_trip(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from rlhf_api.sections import DataSpec
-from rlhf_trainer.bootstrap import build_char_tokenizer
 from rlhf_trainer.data import DataError, PromptDataset, load_rows
+from rlhf_trainer.tiny_model import build_char_tokenizer
 
 ROWS: list[dict[str, Any]] = [{"prompt": f"{i}+{i}=", "answer": str(2 * i), "id": i} for i in range(10)]
 

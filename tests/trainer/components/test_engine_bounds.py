@@ -87,7 +87,7 @@ def test_the_default_length_never_passes_the_models_context(tiny_lm_dir: Path) -
 def test_the_reward_model_loads_in_its_dtype(tmp_path: Path) -> None:
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    from rlhf_trainer.bootstrap import build_char_tokenizer
+    from rlhf_trainer.tiny_model import build_char_tokenizer
 
     tok = build_char_tokenizer()
     config = LlamaConfig(

@@ -186,7 +186,7 @@ def tiny_rm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    from rlhf_trainer.bootstrap import build_char_tokenizer
+    from rlhf_trainer.tiny_model import build_char_tokenizer
 
     path = tmp_path_factory.mktemp("tiny-rm")
     tok = build_char_tokenizer()

@@ -132,7 +132,7 @@ def warm_up(
 
 def build(path: Path, seed: int) -> dict[str, Any]:
     """The recipe's `build`: tokenizer and tiny Llama of `bootstrap`, warmed up on the task."""
-    from rlhf_trainer.bootstrap import build_char_tokenizer, build_tiny_model
+    from rlhf_trainer.tiny_model import build_char_tokenizer, build_tiny_model
 
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tokenizer, seed=seed)
