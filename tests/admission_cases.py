@@ -160,6 +160,12 @@ CREATE_CASES: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
         "spec.eval.samples",
     ),
     (
+        "eval temperature without samples",
+        "impossible",
+        setp("spec.eval", {"path": "/data/eval.jsonl", "temperature": 0.7}),
+        "spec.eval.temperature",
+    ),
+    (
         "tracker typo",
         "types",
         setp("spec.output", {"trackers": {"tensorbord": True}}),

@@ -447,9 +447,21 @@ class EvalSpec:
     )
     samples: int = _f(
         0,
-        doc="Responses sampled per prompt with the rollout's temperature, topP and topK: the `eval/sampled/*` "
-        "metrics; 0: none.",
+        doc="Responses sampled per prompt with `temperature` (else the rollout's), and the rollout's topP "
+        "and topK: the `eval/sampled/*` metrics; 0: none.",
         minimum=0,
+    )
+    temperature: float | None = _f(
+        None,
+        doc="Sampling temperature of the sampled responses (`samples`), in place of `rollout.temperature`; "
+        "absent: the rollout's. The greedy responses stay at temperature 0.",
+        minimum=0.0,
+    )
+    before_training: bool = _f(
+        False,
+        doc="Also evaluate the initial policy once before the first step: a record of its own in the "
+        "metrics log at step 0 (`eval/step` 0, the same `eval/*` keys). A run resumed past step 0 keeps "
+        "that record and does not evaluate again.",
     )
     rewards: list[RewardFunctionSpec] = _f(
         [],
@@ -462,7 +474,13 @@ class EvalSpec:
             "self.greedy || self.samples >= 1",
             "spec.eval.samples must be >= 1 when spec.eval.greedy is false (nothing to evaluate otherwise)",
             {"fieldPath": ".samples"},
-        )
+        ),
+        (
+            "!has(self.temperature) || self.samples >= 1",
+            "spec.eval.temperature is the temperature of the sampled responses: set spec.eval.samples >= 1, "
+            "or drop the temperature (the greedy responses are at temperature 0)",
+            {"fieldPath": ".temperature"},
+        ),
     ]
 
 
