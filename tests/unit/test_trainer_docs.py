@@ -23,7 +23,7 @@ def yaml_blocks(section: str) -> list[dict[str, Any]]:
     return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", body, flags=re.S)]
 
 
-@pytest.mark.parametrize(("section", "key"), [("Evaluation", "eval")])
+@pytest.mark.parametrize(("section", "key"), [("Evaluation", "eval"), ("Reward models", "reward")])
 def test_the_documented_snippet_validates(
     section: str, key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
