@@ -160,6 +160,12 @@ CREATE_CASES: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
         "spec.eval.samples",
     ),
     (
+        "eval temperature without samples",
+        "impossible",
+        setp("spec.eval", {"path": "/data/eval.jsonl", "temperature": 0.7}),
+        "spec.eval.temperature",
+    ),
+    (
         "tracker typo",
         "types",
         setp("spec.output", {"trackers": {"tensorbord": True}}),
@@ -378,6 +384,27 @@ CREATE_CASES: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
     ),
     ("no actor", "cross-field", setp(f"{R}.actor.replicas", 0), "spec.roles.actor.replicas"),
     ("no reward", "cross-field", setp("spec.reward.functions", []), "spec.reward"),
+    (
+        "reward model and reward models together",
+        "cross-field",
+        both(
+            setp("spec.reward.model", {"path": "/models/rm-a"}),
+            setp("spec.reward.models", [{"path": "/models/rm-b"}, {"path": "/models/rm-c", "weight": 0.5}]),
+        ),
+        "spec.reward.models",
+    ),
+    (
+        "reward model maxLength 0",
+        "range",
+        setp("spec.reward.model", {"path": "/models/rm-a", "maxLength": 0}),
+        "spec.reward.model.maxLength",
+    ),
+    (
+        "a reward models entry without a path",
+        "empty",
+        setp("spec.reward.models", [{"path": "/models/rm-a"}, {"path": ""}]),
+        "spec.reward.models[1].path",
+    ),
     (
         "backoff cap below backoff",
         "cross-field",

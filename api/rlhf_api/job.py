@@ -36,6 +36,7 @@ from rlhf_api.sections import (
     EvalSpec,
     ModelSpec,
     OutputSpec,
+    RewardModelSpec,
     RewardSpec,
     RolloutSpec,
     TrainingSpec,
@@ -382,10 +383,10 @@ def max_response_length(spec: JobSpec) -> int:
     return rollout.multi_turn.max_total_tokens if rollout.multi_turn else rollout.max_new_tokens
 
 
-def reward_model_dtype(spec: JobSpec) -> str:
-    """The dtype the reward model is loaded in: `reward.model.dtype`, else `model.dtype`."""
-    model = spec.reward.model
-    return (model.dtype if model is not None else None) or spec.model.dtype
+def reward_model_dtype(spec: JobSpec, model: RewardModelSpec) -> str:
+    """The dtype a reward model (`reward.model`, or one of `reward.models`) is loaded in: its own
+    `dtype`, else `model.dtype`."""
+    return model.dtype or spec.model.dtype
 
 
 @dataclass

@@ -155,14 +155,30 @@ class RewardModelSpec:
         doc="Dtype the reward model is loaded and run in (it only scores: no master weights); unset: "
         "`model.dtype` (bfloat16 on GPUs halves its memory: an 8B model is 15 GiB, 30 GiB in float32).",
     )
+    max_length: int | None = _f(
+        None,
+        doc="Most tokens the reward model reads per sample: a longer input loses tokens from its left (the "
+        "prompt's beginning; a leading BOS token is kept), the response stays whole; unset: the model's own "
+        "`max_position_embeddings`.",
+        minimum=1,
+    )
 
 
 @dataclass
 class RewardSpec:
-    """How responses are scored. Function rewards and a reward model may be combined."""
+    """How responses are scored. Function rewards and reward models may be combined: the score is
+    the weighted sum of every function's and every reward model's."""
 
     functions: list[RewardFunctionSpec] = _f([], doc="Python reward functions, summed with their weights.")
-    model: RewardModelSpec | None = _f(None, doc="Optional reward model, added with its weight.")
+    model: RewardModelSpec | None = _f(
+        None,
+        doc="Optional reward model, added with its weight (its score: the `reward/reward_model` metric).",
+    )
+    models: list[RewardModelSpec] = _f(
+        [],
+        doc="Several reward models instead of `model`, each added with its weight (the i-th one's score: "
+        "the `reward/reward_model_<i>` metric). Every reward worker loads them all.",
+    )
     on_error: Literal["skip", "penalty", "fail"] = _f(
         "skip",
         doc="When a reward raises or returns NaN/inf: `skip` drops the sample from the update (counted "
@@ -170,12 +186,25 @@ class RewardSpec:
     )
     error_penalty: float = _f(-1.0, doc="Reward given to a failed sample when `onError: penalty`.")
 
-    CEL_RULES: ClassVar[list[tuple[str, str]]] = [
+    CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [
         (
-            "size(self.functions) > 0 || has(self.model)",
+            "size(self.functions) > 0 || has(self.model) || (has(self.models) && size(self.models) > 0)",
             "reward needs at least one function or a model; valid: functions: [{path: my_rewards:exact_match}]",
-        )
+        ),
+        (
+            "!has(self.model) || !has(self.models) || size(self.models) == 0",
+            "spec.reward.model and spec.reward.models are exclusive: give one reward model as model, or "
+            "several as models (move model into models)",
+            {"fieldPath": ".models"},
+        ),
     ]
+
+    def reward_models(self) -> list[tuple[str, RewardModelSpec]]:
+        """(name, spec) of every reward model: `model` as `reward_model`, else each of `models`
+        as `reward_model_<i>` (the names of their metrics, `reward/<name>`)."""
+        if self.model is not None:
+            return [("reward_model", self.model)]
+        return [(f"reward_model_{i}", m) for i, m in enumerate(self.models)]
 
 
 @dataclass
@@ -447,9 +476,21 @@ class EvalSpec:
     )
     samples: int = _f(
         0,
-        doc="Responses sampled per prompt with the rollout's temperature, topP and topK: the `eval/sampled/*` "
-        "metrics; 0: none.",
+        doc="Responses sampled per prompt with `temperature` (else the rollout's), and the rollout's topP "
+        "and topK: the `eval/sampled/*` metrics; 0: none.",
         minimum=0,
+    )
+    temperature: float | None = _f(
+        None,
+        doc="Sampling temperature of the sampled responses (`samples`), in place of `rollout.temperature`; "
+        "absent: the rollout's. The greedy responses stay at temperature 0.",
+        minimum=0.0,
+    )
+    before_training: bool = _f(
+        False,
+        doc="Also evaluate the initial policy once before the first step: a record of its own in the "
+        "metrics log at step 0 (`eval/step` 0, the same `eval/*` keys). A run resumed past step 0 keeps "
+        "that record and does not evaluate again.",
     )
     rewards: list[RewardFunctionSpec] = _f(
         [],
@@ -462,7 +503,13 @@ class EvalSpec:
             "self.greedy || self.samples >= 1",
             "spec.eval.samples must be >= 1 when spec.eval.greedy is false (nothing to evaluate otherwise)",
             {"fieldPath": ".samples"},
-        )
+        ),
+        (
+            "!has(self.temperature) || self.samples >= 1",
+            "spec.eval.temperature is the temperature of the sampled responses: set spec.eval.samples >= 1, "
+            "or drop the temperature (the greedy responses are at temperature 0)",
+            {"fieldPath": ".temperature"},
+        ),
     ]
 
 

@@ -136,6 +136,10 @@ def cluster_storage_findings(spec: JobSpec, job_name: str) -> StorageFindings:
             spec.reward.model.path if spec.reward.model else None,
             [r for r in ("reward",) if counts.get(r)],
         ),
+        *(
+            (f"spec.reward.models[{i}].path", m.path, [r for r in ("reward",) if counts.get(r)])
+            for i, m in enumerate(spec.reward.models)
+        ),
     ]
     for field_path, value, readers in read:
         if value is not None and readers:

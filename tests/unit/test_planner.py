@@ -377,3 +377,25 @@ def test_the_planner_runs_without_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) >= 1  # the models' configs are not on this machine: noted, not guessed
+
+
+def test_every_reward_model_counts_on_the_reward_gpu() -> None:
+    """Two 8B reward models in bf16 on one reward worker: 2 x 14 GiB of weights exceed an L4's
+    22.5 GiB, although each alone fits; their weights add up, one forward's transients count once."""
+    doc = _ppo_l4()
+    single = doc["spec"]["reward"].pop("model")
+    alone = plan(_ppo_l4())
+    (est_one,) = [e for e in alone.estimates if e.role == "reward"]
+    doc["spec"]["reward"]["models"] = [dict(single, weight=0.3), dict(single, weight=0.7)]
+    result = plan(doc)
+    assert alone.errors == []
+    line = one(result.errors, "spec.roles.reward: the sum of its 2 reward models (in bfloat16, bfloat16)")
+    assert "(28.0 GiB of weights)" in line and "22.5 GiB of its NVIDIA-L4" in line
+    (est_two,) = [e for e in result.estimates if e.role == "reward"]
+    assert est_two.parts["weights"] == 2 * est_one.parts["weights"]
+    assert est_two.parts["activations"] == est_one.parts["activations"]
+    # maxLength bounds the tokens a forward reads
+    doc["spec"]["reward"]["models"] = [dict(single, maxLength=64)]
+    (est_short,) = [e for e in plan(doc).estimates if e.role == "reward"]
+    assert est_short.parts["weights"] == est_one.parts["weights"]
+    assert est_short.parts["activations"] < est_one.parts["activations"]

@@ -643,6 +643,18 @@ STORAGE = [
         ],
     ),
     (
+        "each of several reward models is checked where the reward pods read it",
+        {
+            "pod": {"volumes": [WORK_PVC]},
+            "reward": {"functions": [], "models": [{"path": "models/rm-a"}, {"path": "/tmp/rm-b"}]},
+        },
+        [],
+        [
+            "spec.reward.models[1].path: '/tmp/rm-b' is on the emptyDir 'tmp' of the reward pod, which starts "
+            "empty; put it on a volume (spec.pod.volumes) or in the image"
+        ],
+    ),
+    (
         "an absolute checkpoint dir on no volume: the read-only root filesystem",
         {
             "pod": {"volumes": [WORK_PVC]},

@@ -3,6 +3,7 @@
     run = setup(job_name, spec, ...)              # `startup`: models, data, Ray, the stream (the
                                                   #   manifest's algorithm or spec.pipeline), role
                                                   #   workers, fleet, resume, logs
+    evaluate_before_training(run)                 # eval.beforeTraining: the initial policy, once
     for step in range(run.start_step, steps):
         metrics = run.stream.step()               # rollout -> reward -> filter -> reference/critic
                                                   #   -> advantage -> update   (dataflow.phases)
@@ -104,6 +105,7 @@ def run(
     if r.start_step >= spec.training.steps:
         print(f"all {spec.training.steps} steps are done already (--no-resume starts over)", file=sys.stderr)
     try:
+        evaluate_before_training(r)
         for step in range(r.start_step, spec.training.steps):
             r.ctx.step = step
             # rollout -> reward -> filter -> reference/critic -> advantage -> update
@@ -164,6 +166,32 @@ def evaluate_if_due(r: Run, done: int, metrics: dict[str, Any]) -> dict[str, Ste
     metrics.update(values)
     metrics["eval/step"] = float(done)
     return batches
+
+
+def evaluate_before_training(r: Run) -> None:
+    """`eval.beforeTraining`: the initial policy's evaluation, a record of its own in the metrics
+    log at step 0 (`eval/step` 0, marked `metrics.BEFORE_TRAINING`), its samples in the sample log
+    at step 0. Only a run that starts at step 0 evaluates: one resumed past it keeps the record
+    its first session wrote (resume cuts the logs back to the checkpoint's step, never below 1)."""
+    from rlhf_trainer.metrics import BEFORE_TRAINING
+
+    spec = r.ctx.spec.eval
+    if spec is None or not spec.before_training or r.start_step > 0:
+        return
+    r.ctx.step = 0
+    metrics: dict[str, Any] = {}
+    with timed(metrics, "eval"):
+        values, batches = evaluate(r.ctx, r.ctx.eval_prompts)
+    metrics.update(values)
+    metrics["eval/step"] = 0.0
+    logs = r.opened()
+    logs.steps.log({**metrics, BEFORE_TRAINING: True}, step=0)
+    k = r.ctx.spec.output.samples_per_step
+    for mode, batch in batches.items():
+        for row in sample_rows(batch, k, 0, f"eval/{mode}"):
+            logs.samples.log(row)
+    logs.metrics.record(0, metrics)
+    logs.trackers.log(0, metrics)
 
 
 def log_step(
@@ -280,13 +308,13 @@ def export_final(r: Run) -> Path | None:
 
 def finish(r: Run, wall: float) -> Summary:
     """Close the bar, write the report, and summarise the whole run (earlier sessions included)."""
-    from rlhf_trainer.metrics import read_jsonl
+    from rlhf_trainer.metrics import read_jsonl, step_records
 
     logs = r.opened()
     logs.steps.close()
     logs.samples.close()
     logs.trackers.close()
-    records = read_jsonl(r.ctx.run_dir / "metrics.jsonl")
+    records = step_records(read_jsonl(r.ctx.run_dir / "metrics.jsonl"))
     rewards = [float(x["reward/mean"]) for x in records if isinstance(x.get("reward/mean"), (int, float))]
     rewards = [x for x in rewards if not math.isnan(x)]
     if logs.progress is not None:

@@ -278,6 +278,16 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+#: Marks the metrics log's record of the evaluation before the first step (`eval.beforeTraining`):
+#: written at step 0 with `eval/step` 0 and the `eval/*` keys; every record without it is a step's.
+BEFORE_TRAINING = "before_training"
+
+
+def step_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of training steps in a metrics log (the before-training evaluation's left out)."""
+    return [r for r in records if not r.get(BEFORE_TRAINING)]
+
+
 class JsonlLogger:
     """Appends one JSON object per step to a file, flushed line by line (a crash loses at most one;
     `read_jsonl` skips a line cut short)."""

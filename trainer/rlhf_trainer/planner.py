@@ -384,7 +384,7 @@ def _role_gpus(spec: Any, nodes: list[Mapping[str, Any]] | None, plan: Plan) -> 
 def _check_rollout_shapes(ctx: _Ctx) -> None:
     """What Ray and vLLM refuse or waste whatever the model: TP against the GPUs a rank sees."""
     spec, r = ctx.spec, ctx.spec.rollout
-    if not spec.reward.model and spec.roles.reward.replicas and spec.roles.reward.resources.gpus:
+    if not spec.reward.reward_models() and spec.roles.reward.replicas and spec.roles.reward.resources.gpus:
         ctx.plan.warnings.append(
             f"spec.roles.reward.resources.gpus: {spec.roles.reward.resources.gpus} GPUs per reward pod, but "
             "the job has no reward model (reward functions run on the CPU): all idle; valid: gpus 0"
@@ -550,21 +550,43 @@ def _check_reference(ctx: _Ctx) -> None:
 
 
 def _check_reward(ctx: _Ctx, shape_of: ShapeOf) -> None:
+    """Every reward worker holds all the reward models (`reward.model`, or each of
+    `reward.models`) and scores with one at a time: their weights add up, the transients of the
+    largest forward count once. A model's forward reads at most its `maxLength` tokens per row."""
     from rlhf_api.job import reward_model_dtype
 
     spec = ctx.spec
-    if spec.reward.model is None or not spec.roles.reward.resources.gpus:
+    models = spec.reward.reward_models()
+    if not models or not spec.roles.reward.resources.gpus:
         return
-    shape = _shape(shape_of, spec.reward.model.path, "spec.reward.model.path", ctx.plan)
-    if shape is None:
-        return
-    dtype = reward_model_dtype(spec)
-    tokens = spec.reward.model.batch_size * (spec.data.max_prompt_length + max_response_length(spec))
-    parts = _forward_parts(shape, dtype, tokens, "score")
-    valid = "a smaller reward.model.batchSize, or a larger GPU"
-    if DTYPE_BYTES[dtype] > 2:
-        valid = "reward.model.dtype bfloat16, " + valid
-    _check_fits(ctx, "reward", parts, f"the reward model in {dtype}", valid)
+    field = "reward.model" if spec.reward.model is not None else "reward.models[i]"
+    combined: dict[str, int] = {}
+    dtypes = []
+    for i, (_, m) in enumerate(models):
+        where = "spec.reward.model.path" if spec.reward.model is not None else f"spec.reward.models[{i}].path"
+        shape = _shape(shape_of, m.path, where, ctx.plan)
+        if shape is None:
+            return
+        dtype = reward_model_dtype(spec, m)
+        dtypes.append(dtype)
+        length = spec.data.max_prompt_length + max_response_length(spec)
+        if m.max_length is not None:
+            length = min(length, m.max_length)
+        parts = _forward_parts(shape, dtype, m.batch_size * length, "score")
+        for key, value in parts.items():
+            # weights add up; a forward's transients (and the runtime) are there once, the largest
+            combined[key] = (
+                combined.get(key, 0) + value if key == "weights" else max(combined.get(key, 0), value)
+            )
+    valid = f"a smaller {field}.batchSize, or a larger GPU"
+    if any(DTYPE_BYTES[d] > 2 for d in dtypes):
+        valid = f"{field}.dtype bfloat16, " + valid
+    if len(models) == 1:
+        what = f"the reward model in {dtypes[0]}"
+    else:
+        what = f"the sum of its {len(models)} reward models (in {', '.join(dtypes)})"
+        valid = "fewer reward models, " + valid
+    _check_fits(ctx, "reward", combined, what, valid)
 
 
 def _check_engine(ctx: _Ctx) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlhf_trainer.metrics import SERIES, read_jsonl
+from rlhf_trainer.metrics import SERIES, read_jsonl, step_records
 
 TOTAL_PHASE = "step"
 #: The evaluation's curves: metric key -> label.
@@ -188,6 +188,7 @@ def timed_phases(records: list[dict[str, Any]]) -> list[str]:
 
 def plot_timing(plt: Any, records: list[dict[str, Any]]) -> Any:
     """Seconds per phase per step, stacked (a phase a step did not time counts 0)."""
+    records = step_records(records)  # the before-training evaluation is no step
     phases = timed_phases(records)
     if not phases:
         return None
@@ -268,8 +269,9 @@ def _summary(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
     _, tps, _ = _series(records, SERIES["tokens_per_second"][1])
     _, sps, _ = _series(records, SERIES["samples_per_second"][1])
     _, step_s, _ = _series(records, (f"timing/{TOTAL_PHASE}",))
+    ex, ev, _ = _series(records, ("eval/reward_mean",))  # the before-training evaluation's too
+    records = step_records(records) or records
     last_step = records[-1].get("step", len(records) - 1)
-    ex, ev, _ = _series(records, ("eval/reward_mean",))
     rows = [
         ("steps logged", str(len(records))),
         ("last step", str(last_step)),

@@ -136,11 +136,15 @@ def resolve_spec(spec: JobSpec, manifest_dir: Path, steps: int | None) -> JobSpe
     if eval_spec is not None:
         eval_spec = dataclasses.replace(eval_spec, path=resolve(eval_spec.path) or eval_spec.path)
     reward = spec.reward
-    if reward.model is not None:
-        reward = dataclasses.replace(
-            reward,
-            model=dataclasses.replace(reward.model, path=resolve(reward.model.path) or reward.model.path),
-        )
+
+    def resolve_model(m: Any) -> Any:
+        return dataclasses.replace(m, path=resolve(m.path) or m.path)
+
+    reward = dataclasses.replace(
+        reward,
+        model=resolve_model(reward.model) if reward.model is not None else None,
+        models=[resolve_model(m) for m in reward.models],
+    )
     training = spec.training if steps is None else dataclasses.replace(spec.training, steps=steps)
     return dataclasses.replace(spec, model=model, data=data, reward=reward, training=training, eval=eval_spec)
 

@@ -42,9 +42,9 @@ def test_max_model_length_defaults_to_the_longest_prompt_and_response() -> None:
 
 def test_the_reward_models_dtype_follows_the_policys_unless_given() -> None:
     spec = _spec()
-    assert reward_model_dtype(spec) == "bfloat16"
+    assert reward_model_dtype(spec, spec.reward.model) == "bfloat16"
     spec.reward.model.dtype = "float32"
-    assert reward_model_dtype(spec) == "float32"
+    assert reward_model_dtype(spec, spec.reward.model) == "float32"
 
 
 def test_the_hf_engine_stops_at_max_model_len(tiny_lm: tuple[Any, Any]) -> None:
@@ -104,7 +104,7 @@ def test_the_reward_model_loads_in_its_dtype(tmp_path: Path) -> None:
     tok.save_pretrained(tmp_path)
     spec = _spec()
     spec.reward.model.path = str(tmp_path)
-    combined = CombinedReward.from_spec(spec.reward, dtype=reward_model_dtype(spec))
+    combined = CombinedReward.from_spec(spec.reward, dtype=spec.model.dtype)
     scorer = combined.rewards[0].calc
     assert next(scorer.model.parameters()).dtype == torch.bfloat16
     assert len(scorer.compute_reward(["1+1="], ["2"])) == 1

@@ -300,9 +300,11 @@ def test_an_engine_that_writes_nothing_ends_the_episode(tiny_lm: tuple[Any, Any]
     class Silent:
         calls = 0
 
-        def generate(self, prompts: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
+        def generate(
+            self, prompts: list[list[int]], n: int = 1, greedy: bool = False, temperature: float | None = None
+        ) -> RolloutBatch:
             self.calls += 1
-            out = engine.generate(prompts, n, greedy=greedy)
+            out = engine.generate(prompts, n, greedy=greedy, temperature=temperature)
             if self.calls > 1:  # later turns: nothing written
                 out.response_mask.zero_()
                 out.log_probs.zero_()

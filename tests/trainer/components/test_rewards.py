@@ -301,3 +301,61 @@ def test_prompt_messages_reach_only_rewards_that_name_them(reward_module: str) -
     messages = [[{"role": "user", "content": "q"}]]
     combined.compute(["q"], ["a"], {"answer": ["1"]}, messages=messages)
     assert seen == {"wants": messages, "anything": ["answer"]}
+
+
+# -- reward model maxLength and several weighted reward models ---------------------------------
+
+
+def _second_rm(tiny_rm_dir: Path, path: Path) -> Path:
+    """Another tiny reward model: the same tokenizer, other weights (so other scores)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForSequenceClassification
+
+    model = LlamaForSequenceClassification.from_pretrained(tiny_rm_dir)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_rm_dir).save_pretrained(path)
+    return path
+
+
+def test_max_length_drops_prompt_tokens_from_the_left(tiny_rm_dir: Path) -> None:
+    """The character tokenizer: <s> = 1, '1' = 22, '+' = 16, '=' = 34, '2' = 23 (no chat template)."""
+    scorer = RewardModelScorer(str(tiny_rm_dir), max_length=4)
+    scorer.tokenizer.chat_template = None
+    full = RewardModelScorer(str(tiny_rm_dir), max_length=100)
+    full.tokenizer.chat_template = None
+    assert full.input_ids(["1+1="], ["2"]) == [[1, 22, 16, 22, 34, 23]]  # <s> 1 + 1 = 2
+    # 6 tokens into 4: the BOS stays, the prompt's first two characters go, the response stays whole
+    assert scorer.input_ids(["1+1="], ["2"]) == [[1, 22, 34, 23]]  # <s> 1 = 2
+    assert scorer.input_ids(["1+1="], ["22"]) == [[1, 34, 23, 23]]  # <s> = 2 2
+    assert scorer.input_ids(["1="], ["2"]) == [[1, 22, 34, 23]]  # short enough: untouched
+    # what the model scores is the cut input
+    assert scorer.compute_reward(["1+1="], ["2"]) == pytest.approx([_logit(scorer, "1=2", True)], abs=1e-5)
+    # unset: the model's own max positions
+    assert RewardModelScorer(str(tiny_rm_dir)).max_length == full.model.config.max_position_embeddings
+    # from the spec
+    spec = RewardSpec(model=RewardModelSpec(path=str(tiny_rm_dir), max_length=4))
+    assert CombinedReward.from_spec(spec).rewards[0].calc.max_length == 4
+
+
+def test_several_reward_models_add_up_with_their_weights(tiny_rm_dir: Path, tmp_path: Path) -> None:
+    other = _second_rm(tiny_rm_dir, tmp_path / "rm-b")
+    responses = ["2", "a longer response", "x", "4"]
+    a = RewardModelScorer(str(tiny_rm_dir)).compute_reward(PROMPTS, responses)
+    b = RewardModelScorer(str(other)).compute_reward(PROMPTS, responses)
+    assert a != pytest.approx(b, abs=1e-4)  # two different models
+    spec = RewardSpec(
+        models=[
+            RewardModelSpec(path=str(tiny_rm_dir), weight=0.3, batch_size=3),
+            RewardModelSpec(path=str(other), weight=0.7, batch_size=2),
+        ]
+    )
+    combined = CombinedReward.from_spec(spec)
+    assert combined.names == ["reward_model_0", "reward_model_1"]
+    result = combined.compute(PROMPTS, responses)
+    assert result.per_reward["reward_model_0"] == pytest.approx(a, abs=1e-5)
+    assert result.per_reward["reward_model_1"] == pytest.approx(b, abs=1e-5)
+    assert result.scores == pytest.approx([0.3 * x + 0.7 * y for x, y in zip(a, b)], abs=1e-5)

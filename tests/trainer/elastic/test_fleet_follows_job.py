@@ -75,7 +75,13 @@ def stand_ins(setup_seconds: float) -> tuple[type, type]:
             return self.version
 
         def generate(
-            self, prompt_ids: list[list[int]], n: int, step: int, delay: float, greedy: bool = False
+            self,
+            prompt_ids: list[list[int]],
+            n: int,
+            step: int,
+            delay: float,
+            greedy: bool = False,
+            temperature: float | None = None,
         ) -> dict[str, Any]:
             time.sleep(delay * len(prompt_ids))
             rows = [p[0] for p in prompt_ids for _ in range(n)]

@@ -232,3 +232,95 @@ def test_evaluation_on_a_disaggregated_rollout_fleet(
     for row in greedy:  # scored by response_length, not by the job's arithmetic reward
         assert row["reward"] == float(len(row["response"]))
     assert record["eval/reward_mean"] >= 0.0
+
+
+@pytest.mark.parametrize(("eval_temperature", "sampled_at"), [(0.3, 0.3), (None, 1.7)])
+def test_the_sampled_evaluation_samples_at_its_own_temperature(
+    tiny_model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    eval_temperature: Any,
+    sampled_at: float,
+) -> None:
+    """`eval.temperature` reaches the hf engine's sampling (the temperature `sample_tokens` is
+    called with) for the sampled responses; the greedy ones stay at 0; absent, the rollout's."""
+    from rlhf_trainer.algorithms import build_algorithm
+    from rlhf_trainer.dataflow import TrainerContext, phases
+    from rlhf_trainer.rollout import hf
+    from rlhf_trainer.startup import load_eval_prompts, load_prompts, load_tokenizer
+    from rlhf_trainer.workers import ActorWorker, RewardWorker
+
+    eval_file = _distinct_prompts(tmp_path / "eval.jsonl", 3)
+    eval_spec: dict[str, Any] = {"path": str(eval_file), "samples": 2, "rewards": [{"path": LENGTH_REWARD}]}
+    if eval_temperature is not None:
+        eval_spec["temperature"] = eval_temperature
+    job = make_job(
+        "eval-temperature",
+        eval=eval_spec,
+        rollout={"samplesPerPrompt": 2, "maxNewTokens": 3, "temperature": 1.7},
+        training={"steps": 1, "promptsPerStep": 3},
+    )
+    spec = job.spec
+    tokenizer = load_tokenizer(spec)
+    ctx = TrainerContext(
+        spec, "eval-temperature", tmp_path, tokenizer, load_prompts(spec, tokenizer), build_algorithm("grpo")
+    )
+    ctx.eval_prompts = load_eval_prompts(spec, tokenizer)
+    actor, reward = ActorWorker(spec, colocated=True), RewardWorker(spec)
+    actor.setup()
+    reward.setup()
+    ctx.actor, ctx.reward = InProcessGroup([actor]), InProcessGroup([reward])  # type: ignore[assignment]
+
+    seen: list[tuple[int, float]] = []  # (rows, temperature) of every sampling call of the engine
+    real = hf.sample_tokens
+
+    def spy(logits: torch.Tensor, temperature: float, *args: Any) -> Any:
+        seen.append((logits.shape[0], temperature))
+        return real(logits, temperature, *args)
+
+    monkeypatch.setattr(hf, "sample_tokens", spy)
+    phases.evaluate(ctx, ctx.eval_prompts)
+
+    assert {t for rows, t in seen if rows == 3} == {0.0}  # greedy: one row per prompt
+    assert {t for rows, t in seen if rows == 6} == {sampled_at}  # sampled: 2 rows per prompt
+    seen.clear()
+    phases.generate(ctx, ctx.eval_prompts[:1], n=2)  # a training rollout keeps the rollout's
+    assert {t for _, t in seen} == {1.7}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_evaluation_before_training_is_logged_once_and_not_again_on_resume(
+    tiny_model: Path, ray_session: None, tmp_path: Path
+) -> None:
+    from rlhf_trainer.controller import run
+    from rlhf_trainer.metrics import BEFORE_TRAINING, read_jsonl
+
+    eval_file = _distinct_prompts(tmp_path / "eval.jsonl", 4)
+    job = make_job(
+        "eval-before",
+        eval={"path": str(eval_file), "every": 0, "beforeTraining": True},
+        training={"steps": 2, "promptsPerStep": 4, "microBatchSize": 16},
+        checkpoint={"every": 1},
+    )
+    run_dir = tmp_path / "run"
+
+    def before(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in records if r.get(BEFORE_TRAINING)]
+
+    summary = run(job, run_dir=run_dir)
+    records = read_metrics(run_dir)
+    (first,) = before(records)
+    assert records[0] is first  # written before any step's record
+    assert first["step"] == 0 and first["eval/step"] == 0.0 and first["timing/eval"] > 0
+    assert first["eval/greedy/samples"] == 4.0 and "eval/reward_mean" in first
+    assert "reward/mean" not in first  # no training in it
+    assert [r["step"] for r in records[1:]] == [0, 1] and records[2]["eval/step"] == 2.0
+    assert summary.steps == 2  # the evaluation record is not a step
+    rows = [r for r in read_jsonl(run_dir / "samples.jsonl") if r["split"] == "eval/greedy"]
+    assert sorted({r["step"] for r in rows}) == [0, 1]  # before training, and after the last step
+
+    run(job, run_dir=run_dir, steps=3)  # resumes from step 2's checkpoint: no second evaluation at 0
+    resumed = read_metrics(run_dir)
+    assert before(resumed) == [first]
+    assert [r["step"] for r in resumed if not r.get(BEFORE_TRAINING)] == [0, 1, 2]

@@ -84,10 +84,12 @@ def generate(
     n: int | None = None,
     greedy: bool = False,
     step: int | None = None,
+    temperature: float | None = None,
 ) -> StepBatch:
     """Sample `n` (default `samplesPerPrompt`) responses per prompt on the generators, prompts
-    split between them; `greedy`: temperature 0 (ReMax's baseline responses). `step` (default
-    the running one) seeds the sampling: a rollout generated ahead passes the step it is for."""
+    split between them; `greedy`: temperature 0 (ReMax's baseline responses); `temperature`: in
+    place of `rollout.temperature` (the evaluation's own). `step` (default the running one)
+    seeds the sampling: a rollout generated ahead passes the step it is for."""
     from rlhf_trainer.rollout import RolloutBatch, decode_responses
 
     n = ctx.spec.rollout.samples_per_prompt if n is None else n
@@ -95,12 +97,17 @@ def generate(
     if ctx.fleet is not None:  # disaggregated: replicas lease prompts from the fleet's queue
         from rlhf_trainer.fleet.leasing import rollout_tensors
 
-        rollout, version = rollout_tensors(*ctx.fleet.generate(prompts, n, step, greedy=greedy))
+        rollout, version = rollout_tensors(
+            *ctx.fleet.generate(prompts, n, step, greedy=greedy, temperature=temperature)
+        )
     else:
         group = ctx.generators()
         chunks = _split(len(prompts), len(group))
         outputs = group.call_each(
-            "generate", [([prompts[i].ids for i in c], n, step, greedy) for c in chunks]
+            "generate",
+            [([prompts[i].ids for i in c], n, step) for c in chunks],
+            greedy=greedy,
+            temperature=temperature,
         )
         versions = [out.pop("policy_version", None) for out in outputs]
         parts = [RolloutBatch.from_dict(out) for out in outputs]
@@ -694,7 +701,8 @@ def evaluate(ctx: TrainerContext, prompts: list[Any]) -> tuple[dict[str, float],
     (greedy, and/or `samples` sampled responses per prompt) and scored with the evaluation's
     rewards (`eval.rewards`, else the job's). Returns the metrics `eval/<mode>/<stat>`
     (`eval_summary`), `eval/reward_mean` (the first mode's mean), `eval/prompts`, and each mode's
-    scored samples (for the sample log). Nothing here touches the training data's position."""
+    scored samples (for the sample log). The sampled mode samples at `eval.temperature` when set
+    (else the rollout's). Nothing here touches the training data's position."""
     from rlhf_trainer.workers.reward import EVAL_REWARDS, JOB_REWARDS
 
     spec = ctx.spec.eval
@@ -704,9 +712,11 @@ def evaluate(ctx: TrainerContext, prompts: list[Any]) -> tuple[dict[str, float],
     metrics: dict[str, float] = {"eval/prompts": float(len(prompts))}
     batches: dict[str, StepBatch] = {}
     for mode, n, greedy in eval_modes(spec):
+        temperature = None if greedy else spec.temperature
         parts, offset = [], 0
         for chunk in _eval_chunks(ctx, prompts, n):
-            part = score(ctx, generate(ctx, chunk, n=n, greedy=greedy), rewards=rewards)
+            rollout = generate(ctx, chunk, n=n, greedy=greedy, temperature=temperature)
+            part = score(ctx, rollout, rewards=rewards)
             part["group_index"] = part["group_index"] + offset  # prompt numbers across chunks
             offset += len(chunk)
             parts.append(part)

@@ -206,17 +206,22 @@ class RolloutFleet:
 
     # -- rollout --------------------------------------------------------------------------------
     def generate(
-        self, prompts: list[Any], n: int, step: int, greedy: bool = False
+        self,
+        prompts: list[Any],
+        n: int,
+        step: int,
+        greedy: bool = False,
+        temperature: float | None = None,
     ) -> tuple[list[dict[str, Any]], list[list[int]]]:
         """Spread `prompts` over the members through the queue (`PromptLeasing.generate`); a
         member that dies has its leases requeued for the others and its slot refilled at the
         next boundary, or at once when it was the last one (`_refill`)."""
         delay = self.options.generation_delay(step) if self.options.generation_delay else 0.0
         with self.lock:
-            return self._generate(prompts, n, step, delay, greedy)
+            return self._generate(prompts, n, step, delay, greedy, temperature)
 
     def _generate(
-        self, prompts: list[Any], n: int, step: int, delay: float, greedy: bool
+        self, prompts: list[Any], n: int, step: int, delay: float, greedy: bool, temperature: float | None
     ) -> tuple[list[dict[str, Any]], list[list[int]]]:
         handles = {name: r.handle for name, r in self.members.items()}
         return self.leasing.generate(
@@ -228,6 +233,7 @@ class RolloutFleet:
             on_lost=self._lost,
             refill=lambda: self._refill(step),
             greedy=greedy,
+            temperature=temperature,
         )
 
     def _lost(self, name: str, err: BaseException) -> None:

@@ -45,12 +45,13 @@ class PromptLeasing:
         on_lost: Callable[[str, BaseException], None] | None = None,
         refill: Callable[[], Mapping[str, Any]] | None = None,
         greedy: bool = False,
+        temperature: float | None = None,
     ) -> tuple[list[dict[str, Any]], list[list[int]]]:
         """`n` samples of every prompt (`data.PromptItem`s) from `replicas` (name -> Ray handle of
         a `RolloutWorker`). Returns each call's output and, per output, the positions in
         `prompts` of its prompts. `delay`: seconds per prompt added on every replica (test load).
         `refill()`: new replicas when none is left (raises when it cannot give any). `greedy`:
-        temperature 0 (ReMax's baseline responses)."""
+        temperature 0 (ReMax's baseline responses); `temperature`: in place of the rollout's."""
         import ray
 
         alive = dict(replicas)
@@ -66,7 +67,9 @@ class PromptLeasing:
         def lease(name: str) -> None:
             got = self.queue.lease(name, share)
             if got:
-                ref = alive[name].generate.remote([prompts[p].ids for _, p in got], n, step, delay, greedy)
+                ref = alive[name].generate.remote(
+                    [prompts[p].ids for _, p in got], n, step, delay, greedy, temperature
+                )
                 running[ref] = (name, [pid for pid, _ in got], [p for _, p in got])
 
         for name in list(alive):

@@ -169,7 +169,12 @@ class RewardModelScorer:
     transcripts), the sample is rendered through it as a conversation — the prompt's messages
     (`prompt_messages`: the data's chat messages; else one user turn holding the prompt text),
     then the response as the assistant's turn — and tokenized without adding special tokens
-    again (the template places them). Without a template it scores `prompt + response`."""
+    again (the template places them). Without a template it scores `prompt + response`.
+
+    `max_length` (default: the model's `max_position_embeddings`) bounds the tokens it reads: a
+    longer input loses tokens from its left, so the prompt's beginning goes and the response stays
+    whole (a leading BOS token is kept); only a response longer than `max_length` alone loses its
+    own first tokens."""
 
     def __init__(
         self,
@@ -198,6 +203,8 @@ class RewardModelScorer:
                 f"reward model {path!r} cannot be loaded (a local directory is expected): {err}"
             ) from err
         self.model.to(device).eval()
+        if self.max_length is None:
+            self.max_length = getattr(self.model.config, "max_position_embeddings", None)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if self.model.config.pad_token_id is None:
@@ -220,6 +227,25 @@ class RewardModelScorer:
             texts.append(str(self.tokenizer.apply_chat_template(conversation, tokenize=False)))
         return texts, False
 
+    def input_ids(
+        self,
+        prompts: list[str],
+        responses: list[str],
+        prompt_messages: Sequence[list[dict[str, Any]] | None] | None = None,
+    ) -> list[list[int]]:
+        """The token ids the model reads for each sample, cut to `max_length` from the left."""
+        texts, special = self.texts(prompts, responses, prompt_messages)
+        encoded = self.tokenizer(texts, add_special_tokens=special)["input_ids"]
+        return [self._cut_left(list(ids)) for ids in encoded]
+
+    def _cut_left(self, ids: list[int]) -> list[int]:
+        limit = self.max_length
+        if limit is None or len(ids) <= limit:
+            return ids
+        bos = self.tokenizer.bos_token_id
+        head = ids[:1] if bos is not None and ids[0] == bos and limit > 1 else []
+        return head + ids[len(ids) - (limit - len(head)) :]
+
     def compute_reward(
         self,
         prompts: list[str],
@@ -230,17 +256,11 @@ class RewardModelScorer:
         import torch
 
         scores: list[float] = []
-        texts, special = self.texts(prompts, responses, prompt_messages)
+        rows = self.input_ids(prompts, responses, prompt_messages)
         with torch.no_grad():
-            for start in range(0, len(texts), self.batch_size):
-                enc = self.tokenizer(
-                    texts[start : start + self.batch_size],
-                    return_tensors="pt",
-                    padding=True,
-                    truncation=self.max_length is not None,
-                    max_length=self.max_length,
-                    add_special_tokens=special,
-                ).to(self.device)
+            for start in range(0, len(rows), self.batch_size):
+                chunk = [{"input_ids": ids} for ids in rows[start : start + self.batch_size]]
+                enc = self.tokenizer.pad(chunk, padding=True, return_tensors="pt").to(self.device)
                 logits = self.model(**enc).logits  # (b, num_labels)
                 scores.extend(logits[:, 0].float().tolist())
         return scores
@@ -279,21 +299,23 @@ class CombinedReward:
 
     @classmethod
     def from_spec(cls, reward_spec: Any, device: str = "cpu", dtype: str = "float32") -> CombinedReward:
-        """Build from a `rlhf_api.sections.RewardSpec`; `dtype`: the reward model's
-        (`rlhf_api.job.reward_model_dtype`)."""
+        """Build from a `rlhf_api.sections.RewardSpec`; `dtype`: the dtype of a reward model that
+        names none (`model.dtype`). Each reward model is a weighted part of its own, named as
+        `RewardSpec.reward_models` says (its scores: `per_reward[name]`, the `reward/<name>` metric)."""
         parts: list[tuple[str, float, Any]] = []
         for f in reward_spec.functions:
             fr = FunctionReward(f.path, f.kwargs)
             parts.append((fr.name, f.weight, fr))
-        if reward_spec.model is not None:
-            m = reward_spec.model
-            parts.append(
-                (
-                    "reward_model",
-                    m.weight,
-                    RewardModelScorer(m.path, m.batch_size, device=device, dtype=dtype),
-                )
+        for name, m in reward_spec.reward_models():
+            scorer = RewardModelScorer(
+                m.path,
+                m.batch_size,
+                device=device,
+                dtype=m.dtype or dtype,
+                max_length=m.max_length,
+                name=name,
             )
+            parts.append((name, m.weight, scorer))
         return cls(parts, on_error=reward_spec.on_error, error_penalty=reward_spec.error_penalty)
 
     @property

@@ -31,8 +31,11 @@ __all__ = [
 class RolloutEngine(Protocol):
     """What the controller and the rollout workers rely on."""
 
-    def generate(self, prompt_ids: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
-        """`n` samples per prompt; `greedy`: temperature 0 whatever the engine's settings."""
+    def generate(
+        self, prompt_ids: list[list[int]], n: int = 1, greedy: bool = False, temperature: float | None = None
+    ) -> RolloutBatch:
+        """`n` samples per prompt; `greedy`: temperature 0 whatever the engine's settings;
+        `temperature`: this call's sampling temperature in place of the engine's (None: the engine's)."""
         ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int: ...

@@ -190,9 +190,12 @@ class HFRolloutEngine:
         return loaded
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
+    def generate(
+        self, prompt_ids: list[list[int]], n: int = 1, greedy: bool = False, temperature: float | None = None
+    ) -> RolloutBatch:
         """Sample `n` responses per prompt (rows of one prompt adjacent). See `RolloutBatch`.
-        `greedy`: decode with temperature 0 (argmax) whatever the engine's sampling settings."""
+        `greedy`: decode with temperature 0 (argmax) whatever the engine's sampling settings;
+        `temperature`: this call's temperature in place of the engine's (None: the engine's)."""
         if not prompt_ids:
             raise ValueError("generate: no prompts given")
         for i, p in enumerate(prompt_ids):
@@ -217,7 +220,9 @@ class HFRolloutEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            tokens, logps, alive_mask, finished = self._decode(prompt, prompt_mask, greedy, group=n)
+            tokens, logps, alive_mask, finished = self._decode(
+                prompt, prompt_mask, greedy, group=n, temperature=temperature
+            )
         finally:
             self.model.train(was_training)
         return RolloutBatch(
@@ -260,10 +265,15 @@ class HFRolloutEngine:
         )
 
     def _decode(
-        self, prompt: torch.Tensor, prompt_mask: torch.Tensor, greedy: bool = False, group: int = 1
+        self,
+        prompt: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        greedy: bool = False,
+        group: int = 1,
+        temperature: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         b = prompt.shape[0]
-        temperature = 0.0 if greedy else self.temperature
+        temperature = 0.0 if greedy else (self.temperature if temperature is None else temperature)
         dev = prompt.device
         eos = torch.tensor(sorted(self.eos_ids), device=dev)
         attention = prompt_mask

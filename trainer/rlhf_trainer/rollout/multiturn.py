@@ -56,6 +56,7 @@ def rollout_episodes(
     n: int = 1,
     *,
     greedy: bool = False,
+    temperature: float | None = None,
     max_turns: int,
     max_total_tokens: int,
 ) -> RolloutBatch:
@@ -70,13 +71,13 @@ def rollout_episodes(
         for p in prompt_ids
         for _ in range(n)
     ]
-    first = engine.generate([list(p) for p in prompt_ids], n, greedy=greedy)
+    first = engine.generate([list(p) for p in prompt_ids], n, greedy=greedy, temperature=temperature)
     live = list(range(len(traces)))
     out = first
     for turn in range(max_turns):
         if turn:
             contexts = [traces[k].episode.prompt_ids + traces[k].ids for k in live]
-            out = engine.generate(contexts, 1, greedy=greedy)
+            out = engine.generate(contexts, 1, greedy=greedy, temperature=temperature)
         last_round = turn == max_turns - 1
         live = [
             k
@@ -209,10 +210,15 @@ class EpisodeGenerator:
         self.env: Environment | None = None
 
     def generate(
-        self, engine: Any, prompt_ids: list[list[int]], n: int, greedy: bool = False
+        self,
+        engine: Any,
+        prompt_ids: list[list[int]],
+        n: int,
+        greedy: bool = False,
+        temperature: float | None = None,
     ) -> RolloutBatch:
         if self.multi_turn is None:
-            return engine.generate(prompt_ids, n, greedy=greedy)  # type: ignore[no-any-return]
+            return engine.generate(prompt_ids, n, greedy=greedy, temperature=temperature)  # type: ignore[no-any-return]
         if self.env is None:
             from rlhf_trainer.environments import build_environment
 
@@ -224,6 +230,7 @@ class EpisodeGenerator:
             prompt_ids,
             n,
             greedy=greedy,
+            temperature=temperature,
             max_turns=self.multi_turn.max_turns,
             max_total_tokens=self.multi_turn.max_total_tokens,
         )

@@ -308,9 +308,11 @@ class VLLMRolloutEngine:
         return len(updates)
 
     # -- sampling ----------------------------------------------------------------------------
-    def generate(self, prompt_ids: list[list[int]], n: int = 1, greedy: bool = False) -> RolloutBatch:
+    def generate(
+        self, prompt_ids: list[list[int]], n: int = 1, greedy: bool = False, temperature: float | None = None
+    ) -> RolloutBatch:
         """`n` samples per prompt (rows of one prompt adjacent); `greedy`: temperature 0 whatever
-        the engine's settings."""
+        the engine's settings; `temperature`: this call's in place of the engine's (None: the engine's)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -320,13 +322,14 @@ class VLLMRolloutEngine:
             if len(p) == 0:
                 raise ValueError(f"generate: prompt {i} is empty (a prompt needs at least one token)")
         self._wake({"weights", "kv_cache"})
-        greedy = greedy or self.temperature <= 0
+        temperature = self.temperature if temperature is None else temperature
+        greedy = greedy or temperature <= 0
         # One seed per prompt (vLLM gives the n samples of a request seed, seed+1, ...), new each call.
         base = (self.seed * 1_000_003 + self._calls * 7_919 * max(1, len(prompt_ids) * n)) % 2**31
         params = [
             SamplingParams(
                 n=n,
-                temperature=0.0 if greedy else self.temperature,
+                temperature=0.0 if greedy else temperature,
                 top_p=1.0 if greedy else self.top_p,
                 top_k=0 if greedy or self.top_k <= 0 else self.top_k,
                 max_tokens=self.max_new_tokens,

@@ -191,9 +191,15 @@ class ActorWorker(TrainableWorker):
 
     # -- rollout (colocated) -------------------------------------------------------------------
     def generate(
-        self, prompt_ids: list[list[int]], n: int, step: int, greedy: bool = False
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        step: int,
+        greedy: bool = False,
+        temperature: float | None = None,
     ) -> dict[str, Any]:
-        """`n` samples per prompt; `greedy`: temperature 0 (ReMax's baseline responses)."""
+        """`n` samples per prompt; `greedy`: temperature 0 (ReMax's baseline responses);
+        `temperature`: in place of the rollout's (the evaluation's own; None: the rollout's)."""
         if self.engine is None:
             raise RuntimeError("ActorWorker.generate: this actor has no engine (placement is not colocated)")
         from rlhf_trainer.workers.distributed import step_seed
@@ -201,10 +207,14 @@ class ActorWorker(TrainableWorker):
         self.engine.set_seed(step_seed(self.spec.training.seed, step, self.rank, stream=1))
         episodes = self.episodes()
         if hasattr(self.engine, "llm"):  # vLLM runs its own dtype: no autocast around its forward
-            out = episodes.generate(self.engine, prompt_ids, n, greedy=greedy).to_dict()
+            out = episodes.generate(
+                self.engine, prompt_ids, n, greedy=greedy, temperature=temperature
+            ).to_dict()
         else:
             with self.compute():  # one rank: samples from the fp32 training module in the compute dtype
-                out = episodes.generate(self.engine, prompt_ids, n, greedy=greedy).to_dict()
+                out = episodes.generate(
+                    self.engine, prompt_ids, n, greedy=greedy, temperature=temperature
+                ).to_dict()
         sleep = getattr(self.engine, "sleep", None)
         if sleep is not None:  # vllm colocated on a GPU: its memory goes to training until the sync
             sleep()

@@ -18,17 +18,19 @@ class RewardWorker(Worker):
     role = "reward"
 
     def setup(self) -> None:
-        from rlhf_api.job import reward_model_dtype
         from rlhf_trainer.rewards import CombinedReward
 
         self.rewards: dict[str, Any] = {
+            # a reward model without a dtype of its own runs in model.dtype (`rlhf_api.job.reward_model_dtype`)
             JOB_REWARDS: CombinedReward.from_spec(
-                self.spec.reward, device=str(self.device), dtype=reward_model_dtype(self.spec)
+                self.spec.reward, device=str(self.device), dtype=self.spec.model.dtype
             )
         }
         if self.spec.eval is not None and self.spec.eval.rewards:
             # Function rewards only, with the job's error policy.
-            eval_spec = dataclasses.replace(self.spec.reward, functions=self.spec.eval.rewards, model=None)
+            eval_spec = dataclasses.replace(
+                self.spec.reward, functions=self.spec.eval.rewards, model=None, models=[]
+            )
             self.rewards[EVAL_REWARDS] = CombinedReward.from_spec(eval_spec, device=str(self.device))
 
     def score(

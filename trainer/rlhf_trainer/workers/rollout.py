@@ -110,13 +110,17 @@ class RolloutWorker(Worker):
         step: int,
         delay_per_prompt: float = 0.0,
         greedy: bool = False,
+        temperature: float | None = None,
     ) -> dict[str, Any]:
-        """`n` samples per prompt; `greedy`: temperature 0 (ReMax's baseline responses).
+        """`n` samples per prompt; `greedy`: temperature 0 (ReMax's baseline responses);
+        `temperature`: in place of the rollout's (the evaluation's own; None: the rollout's).
         `delay_per_prompt` adds seconds per prompt (a test knob that makes a replica slower, to
         induce load on the fleet)."""
         if delay_per_prompt > 0:
             time.sleep(delay_per_prompt * len(prompt_ids))
         self.engine.set_seed(step_seed(self.spec.training.seed, step, self.rank, stream=1))
-        out = self.episodes.generate(self.engine, prompt_ids, n, greedy=greedy).to_dict()
+        out = self.episodes.generate(
+            self.engine, prompt_ids, n, greedy=greedy, temperature=temperature
+        ).to_dict()
         out["policy_version"] = torch.full((len(out["prompt_index"]),), self.version, dtype=torch.long)
         return out  # type: ignore[no-any-return]
