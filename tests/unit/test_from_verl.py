@@ -6,8 +6,10 @@ errors here (`x["reward"]`, `DPOUpdateOperator`) fail naming the project's."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +175,34 @@ def test_the_customer_service_reward_scores_as_the_seed_describes() -> None:
         ],
     )
     assert got == pytest.approx([0.9, 0.5, 0.0, 0.4])
+
+
+def test_the_seeds_operator_arguments_fail_naming_the_manifest_fields() -> None:
+    """RolloutOperator(model=..., max_new_tokens=256, ...) and the seed's others: the manifest
+    holds those settings, and each field the error names exists."""
+    from rlhf_api.fields import camel
+    from rlhf_api.job import JobSpec
+    from rlhf_trainer.dataflow import PPOUpdateOperator, RewardModelScorer, RolloutOperator
+    from rlhf_trainer.dataflow.operators import SEED_SETTINGS
+
+    ctx = _ctx()
+    with pytest.raises(
+        TypeError,
+        match=r"max_new_tokens: spec\.rollout\.maxNewTokens; temperature: spec\.rollout\.temperature",
+    ):
+        RolloutOperator(ctx, model=object(), max_new_tokens=256, temperature=0.7, top_p=0.95)
+    with pytest.raises(
+        TypeError, match=r"rm_model: spec\.reward\.model\.path; use_vllm: spec\.rollout\.engine"
+    ):
+        RewardModelScorer(ctx, rm_model=object(), use_vllm=False)
+    with pytest.raises(TypeError, match=r"actor: spec\.model\.path; critic: spec\.roles\.critic"):
+        PPOUpdateOperator(ctx, actor=object(), critic=None, kl_coef=0.1, clip_range=0.2)
+    with pytest.raises(TypeError, match="unexpected arguments: modle"):
+        RolloutOperator(ctx, modle=object())
+    for field in SEED_SETTINGS.values():  # spec.rollout.maxNewTokens names a field of the JobSpec
+        cls: Any = JobSpec
+        for part in field.split(" ")[0].split(".")[1:]:
+            names = {camel(f.name): f for f in dataclasses.fields(cls)}
+            assert part in names, field
+            cls = typing.get_type_hints(cls)[names[part].name]
+            cls = next((a for a in typing.get_args(cls) if dataclasses.is_dataclass(a)), cls)
