@@ -217,6 +217,24 @@ def _fields_of(cls: type[AlgorithmParams], key: str) -> tuple[str, ...]:
     raise ValueError(f"unknown param {key!r} for {cls.__name__}; valid: {valid or '(none)'}")
 
 
+def spelling_notes(params: Mapping[str, Any], path: str = "spec.algorithm.params") -> list[str]:
+    """`rlhf validate`'s notes on the verl spellings a manifest's params use (accepted, deprecated)."""
+    notes = [
+        f"{path}.{key}: deprecated alias of {' and '.join(camel(f) for f in PARAM_ALIASES[key].fields)} "
+        f"({PARAM_ALIASES[key].origin}); prefer that spelling"
+        for key in params
+        if key in PARAM_ALIASES
+    ]
+    for key, value in params.items():
+        fields = PARAM_ALIASES[key].fields if key in PARAM_ALIASES else (_snake(str(key)),)
+        for field in fields:
+            if isinstance(value, str) and value in VALUE_ALIASES.get(field, {}):
+                notes.append(
+                    f"{path}.{key}: {value!r} is verl's name of {VALUE_ALIASES[field][value]!r}; prefer that"
+                )
+    return notes
+
+
 def aliases_of(cls: type[AlgorithmParams]) -> dict[str, Alias]:
     """The `PARAM_ALIASES` that `cls` takes (it has every field they set)."""
     names = {f.name for f in dataclasses.fields(cls)}

@@ -64,6 +64,11 @@ def test_a_verl_spelling_is_accepted_by_both_and_sets_the_param(
     assert admission.admit(doc)[1] == []  # the API server's verdict
     rc, out = _validate(doc, tmp_path, capsys)
     assert rc == 0, out
+    for key in params:  # each deprecated spelling is noted, naming the preferred one
+        if key in ("clipRange", "klTarget", "betaInit", "klPenalty"):
+            assert f"note: spec.algorithm.params.{key}: deprecated alias of" in out, out
+    if "kl" in params.values():
+        assert "'kl' is verl's name of 'k1'" in out, out
     job = parse_job(doc)
     built = BUILTIN_PARAMS[algorithm].from_dict(job.spec.algorithm.params)
     assert {k: getattr(built, k) for k in means} == means
