@@ -231,6 +231,43 @@ CREATE_CASES: list[tuple[str, str, Callable[[dict[str, Any]], None], str]] = [
         ),
         f"{P}.labelSmoothing",
     ),
+    # -- verl's spellings (algorithm_params.PARAM_ALIASES, MOVED_PARAMS; docs/from-verl.md)
+    (
+        "verl alias clipRange beside clipRatioLow",
+        "params",
+        both(setp(f"{P}.clipRange", 0.3), setp(f"{P}.clipRatioLow", 0.2)),
+        f"{P}.clipRange",
+    ),
+    (
+        "verl alias klPenalty beside klEstimator",
+        "params",
+        both(setp(f"{P}.klPenalty", "kl"), setp(f"{P}.klEstimator", "k3")),
+        f"{P}.klPenalty",
+    ),
+    ("verl klPenalty not an estimator", "params", setp(f"{P}.klPenalty", "fixed"), f"{P}.klPenalty"),
+    (
+        "verl alias of a param online_dpo lacks",
+        "params",
+        both(
+            setp(f"{A}.name", "online_dpo"),
+            setp(f"{P}", {"clipRange": 0.2}),
+            setp("spec.rollout.samplesPerPrompt", 2),
+            setp("spec.training.miniBatchSize", 0),
+        ),
+        f"{P}.clipRange",
+    ),
+    ("verl lr in params", "params", setp(f"{P}.lr", 1e-6), f"{P}.lr"),
+    ("verl vfCoef in params", "params", setp(f"{P}.vfCoef", 0.1), f"{P}.vfCoef"),
+    (
+        "dynamic_kl_ppo betaInit (klCoef) outside its bounds",
+        "params",
+        both(
+            setp(f"{A}.name", "dynamic_kl_ppo"),
+            setp(f"{R}.critic.replicas", 1),
+            setp(f"{P}", {"betaInit": 2.0}),
+        ),
+        P,
+    ),
     ("customParams with a built-in", "params", setp(f"{A}.customParams", {"foo": 1}), f"{A}.customParams"),
     ("unknown algorithm", "params", setp(f"{A}.name", "ppo2"), f"{A}.name"),
     # -- types, enums, bounds, sizes

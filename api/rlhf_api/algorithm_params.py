@@ -150,6 +150,97 @@ def _in_bounds(value: float, meta: Mapping[str, Any]) -> bool:
     return not (high is not None and (value >= high if meta.get("exclusive_maximum") else value > high))
 
 
+# ---------------------------------------------------------------------------------------------
+# The seed tutorials' spellings (verl's names; docs/from-verl.md). This is their one table:
+# `from_dict` reads it (so `PPOUpdateOperator(ctx, clip_range=0.2)` works in Python) and the CRD
+# renders it (`algorithm_schema`: each alias a deprecated, documented key of
+# `spec.algorithm.params`, each moved setting a key refused naming where it lives), so that
+# `rlhf validate` and the API server give one verdict.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Alias:
+    """A deprecated params key accepted for the params `fields` (snake_case), each set to its value."""
+
+    fields: tuple[str, ...]
+    origin: str
+    """Where a user migrating from verl met the spelling."""
+
+
+#: camelCase key -> the params it sets. Accepted by every algorithm that takes all its fields.
+PARAM_ALIASES: dict[str, Alias] = {
+    "clipRange": Alias(
+        ("clip_ratio_low", "clip_ratio_high"),
+        "the seeds' clip_range (verl's clip_ratio): one symmetric range",
+    ),
+    "klTarget": Alias(("target_kl",), "the seed's DynamicKLPPO(kl_target=...)"),
+    "betaInit": Alias(("kl_coef",), "the seed's DynamicKLPPO(beta_init=...): the initial KL coefficient"),
+    "klPenalty": Alias(("kl_estimator",), "verl's algorithm.kl_penalty (the seeds' kl_penalty: kl)"),
+}
+
+#: camelCase key -> where the setting lives in this project. Refused in params (by the API server
+#: and `rlhf validate`, and by `from_dict`), the error naming the field to use instead.
+MOVED_PARAMS: dict[str, str] = {
+    "lr": "spec.training.learningRate (one optimizer per trained role, not per algorithm; the seeds' "
+    "PPOUpdateOperator(lr=...), torch.optim.Adam(lr=...))",
+    "learningRate": "spec.training.learningRate (one optimizer per trained role, not per algorithm; the "
+    "seeds' config ppo.learning_rate)",
+    "vfCoef": "spec.training.criticLearningRate (the critic is a model of its own with its own optimizer, so "
+    "no value-loss weight enters the policy's loss; the seeds' config ppo.vf_coef)",
+    "batchSize": "spec.training.promptsPerStep (prompts per step, each with rollout.samplesPerPrompt responses; "
+    "the seeds' config ppo.batch_size)",
+    "miniBatchSize": "spec.training.miniBatchSize (responses per optimizer step; the seeds' config "
+    "ppo.mini_batch_size)",
+}
+
+#: param field -> {verl's value: this project's}. Accepted wherever the field is (and its aliases).
+VALUE_ALIASES: dict[str, dict[str, str]] = {
+    "kl_estimator": {"kl": "k1"},  # verl's kl_penalty "kl": log pi - log pi_ref, the k1 estimator
+}
+
+
+def _fields_of(cls: type[AlgorithmParams], key: str) -> tuple[str, ...]:
+    """The fields of `cls` that the params key `key` (camelCase or snake_case) sets: itself, or
+    an alias's fields (`PARAM_ALIASES`); a ValueError for a moved setting or an unknown key."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    name = _snake(key)
+    if name in names:
+        return (name,)
+    alias = PARAM_ALIASES.get(camel(name))
+    if alias is not None and all(f in names for f in alias.fields):
+        return alias.fields
+    moved = MOVED_PARAMS.get(camel(name))
+    if moved is not None:
+        raise ValueError(f"param {key!r} is not a parameter of {cls.__name__}; the setting is {moved}")
+    valid = ", ".join(f"{n} ({camel(n)})" if camel(n) != n else n for n in names)
+    raise ValueError(f"unknown param {key!r} for {cls.__name__}; valid: {valid or '(none)'}")
+
+
+def spelling_notes(params: Mapping[str, Any], path: str = "spec.algorithm.params") -> list[str]:
+    """`rlhf validate`'s notes on the verl spellings a manifest's params use (accepted, deprecated)."""
+    notes = [
+        f"{path}.{key}: deprecated alias of {' and '.join(camel(f) for f in PARAM_ALIASES[key].fields)} "
+        f"({PARAM_ALIASES[key].origin}); prefer that spelling"
+        for key in params
+        if key in PARAM_ALIASES
+    ]
+    for key, value in params.items():
+        fields = PARAM_ALIASES[key].fields if key in PARAM_ALIASES else (_snake(str(key)),)
+        for field in fields:
+            if isinstance(value, str) and value in VALUE_ALIASES.get(field, {}):
+                notes.append(
+                    f"{path}.{key}: {value!r} is verl's name of {VALUE_ALIASES[field][value]!r}; prefer that"
+                )
+    return notes
+
+
+def aliases_of(cls: type[AlgorithmParams]) -> dict[str, Alias]:
+    """The `PARAM_ALIASES` that `cls` takes (it has every field they set)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {key: a for key, a in PARAM_ALIASES.items() if set(a.fields) <= names}
+
+
 #: Whether `AlgorithmParams.validate` evaluates the rules (`from_dict(..., rules=False)` turns it off).
 _CHECK_RULES: contextvars.ContextVar[bool] = contextvars.ContextVar("check_rules", default=True)
 
@@ -178,6 +269,8 @@ class AlgorithmParams:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
             value = _coerce(f.name, getattr(self, f.name), hints[f.name])
+            if isinstance(value, str):  # verl's name of a value (`VALUE_ALIASES`): klEstimator kl is k1
+                value = VALUE_ALIASES.get(f.name, {}).get(value, value)
             choices: Any = f.metadata.get("choices")
             if isinstance(value, str) and isinstance(choices, Choices) and choices.registry in _REGISTRIES:
                 try:
@@ -233,7 +326,8 @@ class AlgorithmParams:
 
     @classmethod
     def from_dict(cls: type[P], values: Mapping[str, Any] | None = None, *, rules: bool = True) -> P:
-        """Build from manifest params (camelCase or snake_case keys). `rules=False`: the params
+        """Build from manifest params (camelCase or snake_case keys, or an alias of
+        `PARAM_ALIASES`; a key of `MOVED_PARAMS` is refused naming its field). `rules=False`: the params
         of an admitted job, whose CEL rules were evaluated already (by the API server or by
         `admission`); types and bounds are still checked, the CEL interpreter is not loaded."""
         token = _CHECK_RULES.set(rules)
@@ -244,16 +338,17 @@ class AlgorithmParams:
 
     @classmethod
     def _from_dict(cls: type[P], values: Mapping[str, Any] | None) -> P:
-        names = [f.name for f in dataclasses.fields(cls)]
         kwargs: dict[str, Any] = {}
+        given: dict[str, str] = {}  # field -> the key that set it
         for key, value in (values or {}).items():
-            name = _snake(str(key))
-            if name not in names:
-                valid = ", ".join(f"{n} ({camel(n)})" if camel(n) != n else n for n in names)
-                raise ValueError(f"unknown param {key!r} for {cls.__name__}; valid: {valid or '(none)'}")
-            if name in kwargs:
-                raise ValueError(f"param {name!r} given twice (as snake_case and camelCase)")
-            kwargs[name] = value
+            for name in _fields_of(cls, str(key)):  # itself, or an alias's fields (PARAM_ALIASES)
+                if name in kwargs:
+                    raise ValueError(
+                        f"param {name!r} given twice (as {given[name]!r} and {key!r}: snake_case and "
+                        "camelCase, or an alias and its param); valid: one spelling"
+                    )
+                kwargs[name] = value
+                given[name] = str(key)
         return cls(**kwargs)
 
     @classmethod
@@ -584,9 +679,11 @@ def check_params(name: str, params: Mapping[str, Any], path: str = "spec.algorit
         return []
     fields = {camel(f.name): f for f in dataclasses.fields(cls)}
     errs = [
-        f"{path}.{key}: unknown param {key!r} of algorithm {name} (value {json.dumps(value)}); valid: {', '.join(fields)}"
+        f"{path}.{key}: param {key!r} is not a parameter of {name}; the setting is {MOVED_PARAMS[key]}"
+        if key in MOVED_PARAMS
+        else f"{path}.{key}: unknown param {key!r} of algorithm {name} (value {json.dumps(value)}); valid: {', '.join(fields)}"
         for key, value in params.items()
-        if key not in fields
+        if key not in fields and key not in aliases_of(cls)
     ]
     if errs:
         return errs

@@ -18,6 +18,9 @@ from typing import Any
 from rlhf_api.algorithm_params import (
     BUILTIN_PARAMS,
     IMPORT_PATH_RE,
+    MOVED_PARAMS,
+    PARAM_ALIASES,
+    VALUE_ALIASES,
     Choices,
     _names_in,
     _options,
@@ -48,6 +51,21 @@ def _cel_list(names: list[str] | tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{n}'" for n in names) + "]"
 
 
+def _describe_choices(field: str, choices: Choices) -> str:
+    """The valid values of a string param, with verl's names of them (`VALUE_ALIASES`)."""
+    verl = VALUE_ALIASES.get(field, {})
+    return choices.describe() + "".join(f"; {alias} (verl) = {value}" for alias, value in verl.items())
+
+
+def _and(fields: tuple[str, ...]) -> str:
+    return " and ".join(camel(f) for f in fields)
+
+
+def _takers(fields: tuple[str, ...]) -> list[str]:
+    """The built-ins having every one of `fields`."""
+    return [a for a, c in BUILTIN_PARAMS.items() if set(fields) <= {f.name for f in dataclasses.fields(c)}]
+
+
 def params_schema() -> dict[str, Any]:
     """Schema of `spec.algorithm.params`: every built-in's keys, typed and bounded."""
     props: dict[str, Any] = {}
@@ -71,10 +89,11 @@ def params_schema() -> dict[str, Any]:
         if isinstance(choices, Choices) and not choices.open:
             schema["enum"] = list(choices.names)
         elif isinstance(choices, Choices):
+            verl = VALUE_ALIASES.get(f.name, {})
             schema["x-kubernetes-validations"] = [
                 {
-                    "rule": f"self in {_cel_list(choices.names)} || self.matches('{IMPORT_PATH_RE}')",
-                    "messageExpression": f"'\"' + self + '\" is not valid; valid: {choices.describe()}'",
+                    "rule": f"self in {_cel_list(choices.names + tuple(verl))} || self.matches('{IMPORT_PATH_RE}')",
+                    "messageExpression": f"'\"' + self + '\" is not valid; valid: {_describe_choices(f.name, choices)}'",
                 }
             ]
         defaults: dict[str, list[str]] = {}
@@ -83,7 +102,7 @@ def params_schema() -> dict[str, Any]:
         default_text = "; ".join(f"{value} ({', '.join(algos)})" for value, algos in defaults.items())
         doc = str(meta.get("doc", ""))
         if isinstance(choices, Choices):
-            doc += f" One of: {choices.describe()}."
+            doc += f" One of: {_describe_choices(f.name, choices)}."
         bounds = bounds_text(meta)
         schema["description"] = (
             doc
@@ -91,6 +110,17 @@ def params_schema() -> dict[str, Any]:
             + f" Default: {default_text}. Taken by: {', '.join(a for a, _, _ in uses)}."
         )
         props[key] = schema
+    for key, alias in PARAM_ALIASES.items():  # deprecated spellings: the schema of the param they set
+        target = camel(alias.fields[0])
+        schema = {k: v for k, v in props[target].items() if k != "description"}
+        schema["description"] = (
+            f"Deprecated alias of {_and(alias.fields)} ({alias.origin}): sets {'each' if len(alias.fields) > 1 else 'it'} "
+            f"to this value; give one spelling. Taken by: {', '.join(_takers(alias.fields))}. "
+            + props[target]["description"].split(" Default: ")[0]
+        )
+        props[key] = schema
+    for key, where in MOVED_PARAMS.items():  # settings that live elsewhere: refused naming the field
+        props[key] = {"type": "number", "description": f"Not a parameter: refused. The setting is {where}."}
     return {
         "type": "object",
         "description": "Hyperparameters of a built-in algorithm (camelCase keys; each key names the algorithms "
@@ -119,6 +149,9 @@ def _with_defaults(expr: str, algo: str) -> str:
         default = json.dumps(default) if isinstance(default, bool) else default
         if isinstance(default, float):
             default = repr(default)
+        for alias, a in PARAM_ALIASES.items():  # unset, the param may be set through its alias
+            if f.name in a.fields and set(a.fields) <= {g.name for g in dataclasses.fields(cls)}:
+                default = f"(has(self.params.{alias}) ? self.params.{alias} : {default})"
         expr = re.sub(
             rf"(?<![\w.']){key}(?![\w'])",
             f"(has(self.params.{key}) ? self.params.{key} : {default})",
@@ -184,8 +217,10 @@ def cel_rules() -> list[tuple[Any, ...]]:
         + "}"
     )
     rules: list[tuple[Any, ...]] = []
-    for key, uses in _union().items():
-        lacking = [a for a in names if a not in {u[0] for u in uses}]
+    takers = {key: {u[0] for u in uses} for key, uses in _union().items()}
+    takers.update({key: set(_takers(a.fields)) for key, a in PARAM_ALIASES.items()})
+    for key, algos in takers.items():
+        lacking = [a for a in names if a not in algos]
         if not lacking:
             continue
         rules.append(
@@ -197,6 +232,26 @@ def cel_rules() -> list[tuple[Any, ...]]:
                     "messageExpression": f"'params.{key} is not a parameter of ' + self.name + '; valid: ' + "
                     f"{valid_by_algo}[self.name]",
                 },
+            )
+        )
+    for key, alias in PARAM_ALIASES.items():  # an alias or its param, not both (one would be lost)
+        fields = _and(alias.fields)
+        rules.append(
+            (
+                f"!has(self.params.{key}) || ("
+                + " && ".join(f"!has(self.params.{camel(f)})" for f in alias.fields)
+                + ")",
+                f"params.{key} is a deprecated alias of {fields} ({alias.origin}); valid: one spelling, "
+                f"{fields} (preferred) or {key}",
+                {"fieldPath": f".params.{key}"},
+            )
+        )
+    for key, where in MOVED_PARAMS.items():
+        rules.append(
+            (
+                f"!has(self.params.{key})",
+                f"params.{key} is not a parameter of the algorithm; the setting is {where}",
+                {"fieldPath": f".params.{key}"},
             )
         )
     for algo, cls in BUILTIN_PARAMS.items():
@@ -253,4 +308,25 @@ def reference_markdown() -> str:
         if rules:
             lines += ["", "Cross-field rules: " + "; ".join(message for _, message in rules) + "."]
         lines.append("")
+    lines += [
+        "### verl's spellings",
+        "",
+        "Accepted as deprecated aliases (one spelling per param: an alias beside its param is refused), "
+        "or refused naming where the setting lives ([from-verl.md](from-verl.md)):",
+        "",
+        "| key | meaning | taken by |",
+        "|---|---|---|",
+    ]
+    for key, alias in PARAM_ALIASES.items():
+        lines.append(
+            f"| `{key}` | alias of {_and(alias.fields)} ({alias.origin}) | {', '.join(_takers(alias.fields))} |"
+        )
+    for field, values in VALUE_ALIASES.items():
+        for verl, ours in values.items():
+            lines.append(
+                f"| `{camel(field)}: {verl}` | `{camel(field)}: {ours}` (verl's name) | {', '.join(_takers((field,)))} |"
+            )
+    for key, where in MOVED_PARAMS.items():
+        lines.append(f"| `{key}` | refused: the setting is {where} | none |")
+    lines.append("")
     return "\n".join(lines)

@@ -22,6 +22,7 @@ examples:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from rlhf_api.algorithm_params import spelling_notes
     from rlhf_api.fields import SpecError
     from rlhf_api.job import dropped_role_notes
     from rlhf_api.loader import load_manifest
@@ -55,7 +56,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 status = 1
                 continue
             print(f"{path}: valid ({job.metadata_name}, algorithm {job.spec.algorithm.name})")
-            for line in dropped_role_notes(job.spec):
+            for line in dropped_role_notes(job.spec) + spelling_notes(job.spec.algorithm.params):
                 print(f"{path}: note: {line}", file=sys.stderr)
     return status
 

@@ -23,6 +23,19 @@ from rlhf_trainer.dataflow.stream import (
     group_mean_at_least,
 )
 
+#: The seed tutorials' class names that are spelled otherwise here: importing one fails naming
+#: the class to use (the scorer keeps the seeds' name, `RewardModelScorer`).
+VERL_NAMES = {
+    "DPOUpdateOperator": "OnlineDPOUpdateOperator (online DPO on pairs from each prompt's samples)",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in VERL_NAMES:  # ImportError, not AttributeError: `from ... import` keeps its message
+        raise ImportError(f"rlhf_trainer.dataflow has no {name}: it is {VERL_NAMES[name]}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "ConditionalUpdateOperator",
     "DataStream",

@@ -33,7 +33,10 @@ class StepBatch:
         return int(self.tensors["response_mask"].shape[0])
 
     def __getitem__(self, key: str) -> Tensor:
-        return self.tensors[key]
+        try:
+            return self.tensors[key]
+        except KeyError:
+            raise KeyError(missing_key(key, self.tensors)) from None
 
     def __setitem__(self, key: str, value: Tensor) -> None:
         self.tensors[key] = value
@@ -59,6 +62,28 @@ class StepBatch:
     def algorithm_batch(self) -> dict[str, Tensor]:
         """The tensors an algorithm and a training worker read (a shallow copy)."""
         return dict(self.tensors)
+
+
+#: verl's names of batch keys (the seed tutorials' `condition=lambda x: x["reward"] > 0.8`): a
+#: lookup by one of them fails naming the key to read instead.
+VERL_KEYS = {
+    "reward": "scores",  # (B,) each sample's combined reward
+    "rewards": "scores",
+    "old_log_prob": "old_log_probs",
+    "ref_log_prob": "ref_log_probs",
+    "adv": "advantages",
+    "ret": "returns",
+}
+
+
+def missing_key(key: str, tensors: dict[str, Tensor]) -> str:
+    """What a lookup of a key the batch lacks says: the key verl's name means here, or the keys."""
+    if key in VERL_KEYS:
+        ours = VERL_KEYS[key]
+        return (
+            f"batch key {key!r} is verl's name; here it is {ours!r}: read batch[{ours!r}] (docs/from-verl.md)"
+        )
+    return f"batch key {key!r} is not in this batch; keys: {', '.join(sorted(tensors))}"
 
 
 def concat_batches(parts: list[StepBatch]) -> StepBatch:

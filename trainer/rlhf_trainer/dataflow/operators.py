@@ -18,6 +18,36 @@ from rlhf_trainer.dataflow import phases
 from rlhf_trainer.dataflow.batch import StepBatch
 from rlhf_trainer.dataflow.context import TrainerContext, timed
 
+#: The seed tutorials' operator keywords (verl builds the models and passes them in): here the
+#: manifest holds each of them, so an operator given one fails naming the field.
+SEED_SETTINGS = {
+    "model": "spec.model.path",
+    "tokenizer": "spec.model.tokenizer",
+    "max_new_tokens": "spec.rollout.maxNewTokens",
+    "temperature": "spec.rollout.temperature",
+    "top_p": "spec.rollout.topP",
+    "dynamic_batch_size": "spec.training.maxTokensPerMicroBatch",
+    "min_batch_size": "spec.training.maxTokensPerMicroBatch",
+    "max_batch_size": "spec.training.maxTokensPerMicroBatch",
+    "rm_model": "spec.reward.model.path",
+    "use_vllm": "spec.rollout.engine",
+    "actor": "spec.model.path",
+    "critic": "spec.roles.critic (the algorithm decides whether one trains: grpo is critic-free)",
+}
+
+
+def refuse_seed_settings(operator: str, given: dict[str, Any]) -> None:
+    """A TypeError naming the manifest field of each seed keyword in `given` (`SEED_SETTINGS`)."""
+    seeds = [key for key in given if key in SEED_SETTINGS]
+    if seeds:
+        where = "; ".join(f"{key}: {SEED_SETTINGS[key]}" for key in seeds)
+        raise TypeError(
+            f"{operator}(ctx) takes its models and settings from the job, not as arguments; in the "
+            f"manifest: {where} (docs/from-verl.md)"
+        )
+    if given:
+        raise TypeError(f"{operator}(ctx) got unexpected arguments: {', '.join(given)}")
+
 
 class RolloutOperator:
     """Start of a step: the step's prompts, and `samplesPerPrompt` responses to each.
@@ -27,7 +57,8 @@ class RolloutOperator:
     step's reward and update (`dataflow.rollout_ahead`); `timing/rollout` is then only the time
     the step waited for it. Samples older than `maxStaleness` versions are dropped (`phases.drop_stale`)."""
 
-    def __init__(self, ctx: TrainerContext):
+    def __init__(self, ctx: TrainerContext, **seed_settings: Any):
+        refuse_seed_settings("RolloutOperator", seed_settings)
         self.ctx = ctx
 
     def __call__(self, batch: StepBatch | None = None) -> StepBatch:
@@ -60,7 +91,8 @@ class RewardOperator:
     A sample whose reward failed under `onError: skip` leaves the batch here, counted in
     `reward/dropped` (`phases.drop_invalid_rewards`): no later operator sees it as a 0."""
 
-    def __init__(self, ctx: TrainerContext):
+    def __init__(self, ctx: TrainerContext, **seed_settings: Any):
+        refuse_seed_settings("RewardModelScorer (RewardOperator)", seed_settings)
         self.ctx = ctx
 
     def __call__(self, batch: StepBatch | None) -> StepBatch:
@@ -145,6 +177,7 @@ class UpdateOperator:
     def __init__(self, ctx: TrainerContext, algorithm: Any = None, **params: Any):
         from rlhf_trainer.algorithms import build_algorithm
 
+        refuse_seed_settings(type(self).__name__, {k: v for k, v in params.items() if k in SEED_SETTINGS})
         self.ctx = ctx
         if algorithm is None:
             algorithm = ctx.algorithm
