@@ -60,6 +60,7 @@ class JobSpec:
         None,
         doc="Import path `package.module:build` of a function returning a custom DataStream.",
         pattern=IMPORT_PATH_RE,
+        immutable=True,  # which roles get pods depends on it (`unused_roles`)
     )
     # Cluster-only sections: `rlhf run` validates them and ignores them.
     image: str = _f(
@@ -68,20 +69,23 @@ class JobSpec:
         "Helm chart's `trainerImage` values). A job without one on an operator without a default fails "
         "with the condition InvalidSpec.",
         cluster_only=True,
+        immutable=True,
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = _f(
         None,
         doc="imagePullPolicy of every pod's container; unset: Kubernetes' default (Always for a `:latest` "
         "tag, otherwise IfNotPresent) (cluster only).",
         cluster_only=True,
+        immutable=True,
     )
     image_pull_secrets: list[ImagePullSecretSpec] = _f(
-        [], doc="Secrets every pod pulls the image with (cluster only).", cluster_only=True
+        [], doc="Secrets every pod pulls the image with (cluster only).", cluster_only=True, immutable=True
     )
     pod: PodSettingsSpec = _f(
         PodSettingsSpec,
         doc="Env, labels, annotations and volumes of every pod of the job, the controller's included (cluster only).",
         cluster_only=True,
+        immutable=True,
     )
     controller: ControllerSpec = _f(
         ControllerSpec,
@@ -89,7 +93,7 @@ class JobSpec:
         cluster_only=True,
     )
     node_pools: list[NodePoolSpec] = _f(
-        [], doc="Node pools the roles are placed on (cluster only).", cluster_only=True
+        [], doc="Node pools the roles are placed on (cluster only).", cluster_only=True, immutable=True
     )
     scheduling: SchedulingSpec = _f(SchedulingSpec, doc="Gang scheduling (cluster only).", cluster_only=True)
     failure_policy: FailurePolicySpec = _f(
