@@ -662,6 +662,9 @@ UPDATE_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str | None]] = [
     ("queue name added", setp("spec.scheduling.queueName", "team-a"), "spec.scheduling.queueName"),
     ("pod group added", setp("spec.scheduling.podGroup", "volcano"), "spec.scheduling.podGroup"),
     ("pipeline added", setp("spec.pipeline", "mypkg.flows:build"), "spec.pipeline"),
+    # klCoef 0 runs no reference pods: moving it across 0 adds or drops them
+    ("klCoef to 0", setp(f"{P}.klCoef", 0.0), "spec.algorithm.params.klCoef"),
+    ("klCoef to integer 0", setp(f"{P}.klCoef", 0), "spec.algorithm.params.klCoef"),
     ("scaled above max", _scale(9), "spec.roles.rollout.replicas"),
     ("scaled within range", _scale(4), None),
     ("scaled to min", _scale(1), None),
@@ -671,4 +674,6 @@ UPDATE_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str | None]] = [
     ("rollout bounds widened", both(setp(f"{R}.rollout.maxReplicas", 6), _scale(5)), None),
     ("gang timeout changed", setp("spec.scheduling.timeoutSeconds", 600), None),
     ("ttl changed", setp("spec.ttlSecondsAfterFinished", 3600), None),
+    ("klCoef changed, not across 0", setp(f"{P}.klCoef", 0.01), None),
+    ("klCoef removed (grpo's default is not 0)", setp(f"{P}.klCoef", _DELETE), None),
 ]

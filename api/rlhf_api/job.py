@@ -198,6 +198,7 @@ class JobSpec:
             {"fieldPath": ".rollout.maxStaleness"},
         ),
         algorithm_schema.group_size_rule(),
+        algorithm_schema.reference_pods_rule(),
         (
             "!self.algorithm.dynamicSampling.enabled || self.rollout.samplesPerPrompt >= 2",
             "spec.algorithm.dynamicSampling.enabled needs spec.rollout.samplesPerPrompt >= 2 (a group of one "
