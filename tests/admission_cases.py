@@ -686,10 +686,58 @@ UPDATE_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str | None]] = [
     ("placement changed", setp(f"{R}.placement", "colocated"), "spec.roles.placement"),
     ("rollout resources changed", setp(f"{R}.rollout.resources.gpus", 8), "spec.roles.rollout.resources"),
     ("controller pool added", setp("spec.controller", {"nodePool": "cpu"}), "spec.controller.nodePool"),
+    # Everything that shapes a pod is fixed while the job exists: a later scale-up or gang restart
+    # would otherwise run pods of two versions side by side (docs/operator.md, Changing a job).
+    ("image changed", setp("spec.image", "registry.example/rlhf-trainer:v2"), "spec.image"),
+    ("pull policy added", setp("spec.imagePullPolicy", "Always"), "spec.imagePullPolicy"),
+    ("pull secret added", setp("spec.imagePullSecrets", [{"name": "regcred"}]), "spec.imagePullSecrets"),
+    ("env added to every pod", setp("spec.pod.env", [{"name": "HF_HUB_OFFLINE", "value": "1"}]), "spec.pod"),
+    (
+        "volume claim changed",
+        setp("spec.pod.volumes.2.persistentVolumeClaim.claimName", "ckpt-v2"),
+        "spec.pod",
+    ),
+    (
+        "node pool selector changed",
+        setp("spec.nodePools.2.nodeSelector", {"rlhf.dev/pool": "cpu2"}),
+        "spec.nodePools",
+    ),
+    ("actor pod labels added", setp(f"{R}.actor.pod", {"labels": {"team": "rl"}}), "spec.roles.actor.pod"),
+    (
+        "rollout pod env added",
+        setp(f"{R}.rollout.pod", {"env": [{"name": "X", "value": "1"}]}),
+        "spec.roles.rollout.pod",
+    ),
+    (
+        "controller pod env added",
+        setp("spec.controller", {"pod": {"env": [{"name": "X", "value": "1"}]}}),
+        "spec.controller.pod",
+    ),
+    (
+        "scheduler name added",
+        setp("spec.scheduling.schedulerName", "volcano"),
+        "spec.scheduling.schedulerName",
+    ),
+    (
+        "priority class added",
+        setp("spec.scheduling.priorityClassName", "high"),
+        "spec.scheduling.priorityClassName",
+    ),
+    ("queue name added", setp("spec.scheduling.queueName", "team-a"), "spec.scheduling.queueName"),
+    ("pod group added", setp("spec.scheduling.podGroup", "volcano"), "spec.scheduling.podGroup"),
+    ("pipeline added", setp("spec.pipeline", "mypkg.flows:build"), "spec.pipeline"),
+    # klCoef 0 runs no reference pods: moving it across 0 adds or drops them
+    ("klCoef to 0", setp(f"{P}.klCoef", 0.0), "spec.algorithm.params.klCoef"),
+    ("klCoef to integer 0", setp(f"{P}.klCoef", 0), "spec.algorithm.params.klCoef"),
     ("scaled above max", _scale(9), "spec.roles.rollout.replicas"),
     ("scaled within range", _scale(4), None),
     ("scaled to min", _scale(1), None),
     ("suspended", setp("spec.suspend", True), None),
     ("steps changed", setp("spec.training.steps", 40), None),
     ("autoscaling off", setp("spec.autoscaling.enabled", False), None),
+    ("rollout bounds widened", both(setp(f"{R}.rollout.maxReplicas", 6), _scale(5)), None),
+    ("gang timeout changed", setp("spec.scheduling.timeoutSeconds", 600), None),
+    ("ttl changed", setp("spec.ttlSecondsAfterFinished", 3600), None),
+    ("klCoef changed, not across 0", setp(f"{P}.klCoef", 0.01), None),
+    ("klCoef removed (grpo's default is not 0)", setp(f"{P}.klCoef", _DELETE), None),
 ]

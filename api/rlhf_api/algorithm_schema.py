@@ -203,6 +203,41 @@ def group_size_rule() -> tuple[Any, ...]:
     )
 
 
+def reference_switch_algorithms() -> tuple[list[str], list[str]]:
+    """The built-ins whose `klCoef` decides whether the job runs the reference role (0: no KL
+    term, no reference pods; `AlgorithmParams.uses_reference`), and those of them whose default
+    `klCoef` runs it."""
+    switch, on = [], []
+    for name, cls in BUILTIN_PARAMS.items():
+        if "kl_coef" not in {f.name for f in dataclasses.fields(cls)}:
+            continue
+        zero = cls.from_dict({"klCoef": 0.0}, rules=False).uses_reference()
+        if zero != cls.from_dict({"klCoef": 1.0}, rules=False).uses_reference():
+            switch.append(name)
+            if cls.from_dict({}, rules=False).uses_reference():
+                on.append(name)
+    return switch, on
+
+
+def reference_pods_rule() -> tuple[Any, ...]:
+    """The job's transition rule (CEL over the spec and the stored spec): `klCoef` may change but
+    not between 0 and non-zero, which would add or drop the reference pods of a running job (a
+    pod-shaping change, like `roles.reference.replicas`). A custom pipeline keeps every role."""
+
+    def runs_reference(obj: str) -> str:
+        kl = f"{obj}.algorithm.params.klCoef"
+        return f"(has({kl}) ? {kl} != 0.0 : {obj}.algorithm.name in {_cel_list(on)})"
+
+    switch, on = reference_switch_algorithms()
+    return (
+        f"has(self.pipeline) || !(self.algorithm.name in {_cel_list(switch)})"
+        f" || {runs_reference('self')} == {runs_reference('oldSelf')}",
+        "spec.algorithm.params.klCoef may not move between 0 and non-zero once the job exists (0 runs "
+        "no reference pods); delete and recreate the job to change it",
+        {"fieldPath": ".algorithm.params.klCoef"},
+    )
+
+
 def cel_rules() -> list[tuple[Any, ...]]:
     """Rules of `spec.algorithm` (CEL, `self` is the algorithm): each key of `params` must be one
     the chosen built-in takes; each built-in's cross-field rules; customParams only for a custom

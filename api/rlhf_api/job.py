@@ -61,6 +61,7 @@ class JobSpec:
         None,
         doc="Import path `package.module:build` of a function returning a custom DataStream.",
         pattern=IMPORT_PATH_RE,
+        immutable=True,  # which roles get pods depends on it (`unused_roles`)
     )
     # Cluster-only sections: `rlhf run` validates them and ignores them.
     image: str = _f(
@@ -69,20 +70,23 @@ class JobSpec:
         "Helm chart's `trainerImage` values). A job without one on an operator without a default fails "
         "with the condition InvalidSpec.",
         cluster_only=True,
+        immutable=True,
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = _f(
         None,
         doc="imagePullPolicy of every pod's container; unset: Kubernetes' default (Always for a `:latest` "
         "tag, otherwise IfNotPresent) (cluster only).",
         cluster_only=True,
+        immutable=True,
     )
     image_pull_secrets: list[ImagePullSecretSpec] = _f(
-        [], doc="Secrets every pod pulls the image with (cluster only).", cluster_only=True
+        [], doc="Secrets every pod pulls the image with (cluster only).", cluster_only=True, immutable=True
     )
     pod: PodSettingsSpec = _f(
         PodSettingsSpec,
         doc="Env, labels, annotations and volumes of every pod of the job, the controller's included (cluster only).",
         cluster_only=True,
+        immutable=True,
     )
     controller: ControllerSpec = _f(
         ControllerSpec,
@@ -90,7 +94,7 @@ class JobSpec:
         cluster_only=True,
     )
     node_pools: list[NodePoolSpec] = _f(
-        [], doc="Node pools the roles are placed on (cluster only).", cluster_only=True
+        [], doc="Node pools the roles are placed on (cluster only).", cluster_only=True, immutable=True
     )
     scheduling: SchedulingSpec = _f(SchedulingSpec, doc="Gang scheduling (cluster only).", cluster_only=True)
     failure_policy: FailurePolicySpec = _f(
@@ -195,6 +199,7 @@ class JobSpec:
             {"fieldPath": ".rollout.maxStaleness"},
         ),
         algorithm_schema.group_size_rule(),
+        algorithm_schema.reference_pods_rule(),
         (
             "!self.algorithm.dynamicSampling.enabled || self.rollout.samplesPerPrompt >= 2",
             "spec.algorithm.dynamicSampling.enabled needs spec.rollout.samplesPerPrompt >= 2 (a group of one "

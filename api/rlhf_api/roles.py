@@ -48,6 +48,7 @@ class RoleSpec:
         PodSettingsSpec,
         doc="Env, labels, annotations and volumes of this role's pods, added to `spec.pod`'s (cluster only).",
         cluster_only=True,
+        immutable=True,
     )
 
 
@@ -71,6 +72,7 @@ class RolloutRoleSpec:
         PodSettingsSpec,
         doc="Env, labels, annotations and volumes of the rollout pods, added to `spec.pod`'s (cluster only).",
         cluster_only=True,
+        immutable=True,
     )
 
     CEL_RULES: ClassVar[list[tuple[Any, ...]]] = [
@@ -176,6 +178,7 @@ class ControllerSpec:
     pod: PodSettingsSpec = _f(
         PodSettingsSpec,
         doc="Env, labels, annotations and volumes of the controller pod, added to `spec.pod`'s.",
+        immutable=True,
     )
 
 
@@ -189,14 +192,15 @@ class SchedulingSpec:
     on_timeout: Literal["wait", "fail"] = _f(
         "wait", doc="After the timeout: keep waiting (reported) or fail the job."
     )
-    scheduler_name: str | None = _f(None, doc="schedulerName of every pod.")
-    priority_class_name: str | None = _f(None, doc="priorityClassName of every pod.")
+    scheduler_name: str | None = _f(None, doc="schedulerName of every pod.", immutable=True)
+    priority_class_name: str | None = _f(None, doc="priorityClassName of every pod.", immutable=True)
     queue_name: str | None = _f(
         None,
         doc="Kueue LocalQueue: the gang is one Kueue pod group (without the rollout fleet, whose pods Kueue admits one by one); see docs/operator.md, Kueue.",
+        immutable=True,
     )
     pod_group: Literal["none", "scheduler-plugins", "volcano"] = _f(
-        "none", doc="Also create a PodGroup for this gang scheduler."
+        "none", doc="Also create a PodGroup for this gang scheduler.", immutable=True
     )
 
 

@@ -7,8 +7,8 @@ validate`, `rlhf run` and the operator's loader evaluate the same expressions (`
 else; the one Python-only check left, `AlgorithmSpec.check`, is of the free-form `customParams`
 CEL cannot see).
 
-Here every rule must hold on the valid base manifest and fail on at least one invalid case of the
-shared table (tests/admission_cases.py), which tests/unit/test_admission.py runs through `rlhf
+Here every rule must hold on the valid base manifest and fail on at least one invalid case (a
+transition rule: one refused update) of the shared table (tests/admission_cases.py), which tests/unit/test_admission.py runs through `rlhf
 validate` and tests/cluster/test_admission_table.py through a real API server, each naming the
 field."""
 
@@ -20,7 +20,7 @@ import re
 from typing import Any
 
 import pytest
-from admission_cases import CREATE_CASES, base, variant
+from admission_cases import CREATE_CASES, UPDATE_CASES, base, variant
 
 import rlhf_api
 from rlhf_api import admission, algorithm_params, algorithm_schema, cel, fields, job, pods, roles, sections
@@ -52,9 +52,11 @@ def cross_field_rules() -> dict[str, str]:
     return found
 
 
-def failed_rules(doc: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> tuple[set[str], list[str]]:
-    """The rule expressions that evaluate to false on `doc` (as `admission` evaluates them), and
-    the violations it reports."""
+def failed_rules(
+    doc: dict[str, Any], monkeypatch: pytest.MonkeyPatch, old: dict[str, Any] | None = None
+) -> tuple[set[str], list[str]]:
+    """The rule expressions that evaluate to false on `doc` (as `admission` evaluates them; an
+    update of `old` when given), and the violations it reports."""
     failed: set[str] = set()
     real = cel.eval_cel
 
@@ -67,7 +69,7 @@ def failed_rules(doc: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> tuple[
         return result
 
     monkeypatch.setattr(admission, "eval_cel", recording)
-    return failed, admission.admit(doc)[1]
+    return failed, admission.admit(doc, old)[1]
 
 
 def test_there_are_rules_to_hold_and_the_base_breaks_none(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,6 +84,13 @@ def test_every_cross_field_rule_fails_on_a_case_of_the_table(monkeypatch: pytest
     hit: dict[str, str] = {}
     for case, _kind, change, field in CREATE_CASES:
         failed, errs = failed_rules(variant(change), monkeypatch)
+        assert any(e.startswith(field) for e in errs), (case, errs)
+        for expr in failed & set(rules):
+            hit.setdefault(template(expr), case)
+    for case, change, field in UPDATE_CASES:  # transition rules fail on updates only
+        if field is None:
+            continue
+        failed, errs = failed_rules(variant(change), monkeypatch, old=base())
         assert any(e.startswith(field) for e in errs), (case, errs)
         for expr in failed & set(rules):
             hit.setdefault(template(expr), case)

@@ -7,7 +7,7 @@ from typing import Any
 
 from trainer_jobs import MODEL, PROMPTS, job_from, read_metrics
 
-__all__ = ["BASE", "PROMPTS", "make_job", "read_metrics"]
+__all__ = ["BASE", "PROMPTS", "exactly_once", "make_job", "read_metrics"]
 
 BASE: dict[str, Any] = {
     "apiVersion": "rlhf.dev/v1alpha1",
@@ -30,3 +30,15 @@ BASE: dict[str, Any] = {
 def make_job(name: str, **sections: Any) -> Any:
     """BASE with each given spec section merged in (one level deep)."""
     return job_from(BASE, name, sections)
+
+
+def exactly_once(rows: list[dict[str, Any]], prompts: int, samples_per_step: int = 12) -> None:
+    """The run log shows every prompt enqueued, leased and acked exactly once (a requeued lease
+    counted once more as leased, never as acked) and each step trained on all its samples."""
+    last = rows[-1]
+    assert last["queue/enqueued"] == prompts == last["data/prompts_consumed"]
+    assert last["queue/acked"] == prompts
+    assert last["queue/leased"] == last["queue/acked"] + last["queue/requeued"]
+    assert last["queue/stale_acks"] == 0
+    # each step trained on samplesPerPrompt samples of each of its prompts
+    assert all(r["rollout/samples"] == samples_per_step for r in rows)

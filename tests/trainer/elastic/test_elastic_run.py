@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any
 
 import pytest
 
-from .conftest import make_job, read_metrics
+from .conftest import exactly_once, make_job, read_metrics
 
 
 class StepClock:
@@ -21,16 +20,6 @@ class StepClock:
 
     def __call__(self) -> float:
         return self.t
-
-
-def exactly_once(rows: list[dict[str, Any]], prompts: int) -> None:
-    last = rows[-1]
-    assert last["queue/enqueued"] == prompts == last["data/prompts_consumed"]
-    assert last["queue/acked"] == prompts
-    assert last["queue/leased"] == last["queue/acked"] + last["queue/requeued"]
-    assert last["queue/stale_acks"] == 0
-    # each step trained on samplesPerPrompt samples of each of its prompts
-    assert all(r["rollout/samples"] == 12 for r in rows)
 
 
 @pytest.mark.slow
