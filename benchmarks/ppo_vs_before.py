@@ -95,7 +95,9 @@ def child(doc_path: Path, out: Path, warmup: int) -> int:
 def run_checkout(code: Path, doc_path: Path, a: argparse.Namespace, out: Path) -> dict[str, Any]:
     """One run of the job with the trainer of `code`, in a fresh process (and Ray instance)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(code / "trainer"), str(code / "operator")])
+    # The checkout's own API package where it has one (older checkouts kept it inside the trainer).
+    parts = [code / "api", code / "trainer", code / "operator"]
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in parts if p.is_dir())
     env["RLHF_TORCH_THREADS"] = str(a.threads)
     cmd = [sys.executable, __file__, "--child", str(doc_path), "--out", str(out), "--warmup", str(a.warmup)]
     res = subprocess.run(cmd, env=env, cwd=code, capture_output=True, text=True)

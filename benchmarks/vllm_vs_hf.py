@@ -11,7 +11,7 @@ warmed up once, then the median of `--repeats` timed calls, the two engines' cal
 that load from elsewhere on the machine falls on both) and the vllm/hf ratio per model.
 Runs in the vLLM test env (vLLM cannot live in the project's venv):
 
-    PYTHONPATH=trainer:operator $(bash scripts/vllm_env.sh) benchmarks/vllm_vs_hf.py
+    PYTHONPATH=api:trainer:operator $(bash scripts/vllm_env.sh) benchmarks/vllm_vs_hf.py
     ... benchmarks/vllm_vs_hf.py --models quickstart --repeats 5
 """
 
@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
+for _part in ("trainer", "api"):  # rlhf_trainer and the API it imports (the vLLM env has neither)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / _part))
 
 import torch  # noqa: E402
 

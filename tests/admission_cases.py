@@ -729,6 +729,8 @@ UPDATE_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str | None]] = [
     # klCoef 0 runs no reference pods: moving it across 0 adds or drops them
     ("klCoef to 0", setp(f"{P}.klCoef", 0.0), "spec.algorithm.params.klCoef"),
     ("klCoef to integer 0", setp(f"{P}.klCoef", 0), "spec.algorithm.params.klCoef"),
+    # ... also spelled with the seeds' alias betaInit (the rule reads every spelling)
+    ("klCoef to 0 as betaInit", setp(P, {"betaInit": 0.0}), "spec.algorithm.params.klCoef"),
     ("scaled above max", _scale(9), "spec.roles.rollout.replicas"),
     ("scaled within range", _scale(4), None),
     ("scaled to min", _scale(1), None),
@@ -740,4 +742,5 @@ UPDATE_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str | None]] = [
     ("ttl changed", setp("spec.ttlSecondsAfterFinished", 3600), None),
     ("klCoef changed, not across 0", setp(f"{P}.klCoef", 0.01), None),
     ("klCoef removed (grpo's default is not 0)", setp(f"{P}.klCoef", _DELETE), None),
+    ("klCoef replaced by betaInit, not across 0", setp(P, {"betaInit": 0.1}), None),
 ]

@@ -15,6 +15,8 @@ and cel-python (and prometheus_client's text parser, lazily, for a scraped `/met
   (`parse_job`: admit, then convert into typed sections) and `reference` (the manifest reference);
 * `status`: the schema of the job's status (what the operator and the controller pod write);
 * `contract`: every name a pod and the operator share (labels, env vars, ports, paths, status keys);
-* `algorithm_params`: the typed parameters of the built-in algorithms;
+* `algorithm_params`: the typed parameters of the built-in algorithms (and the verl spellings they
+  accept), `algorithm_schema`: their CRD schema, keyed rules and reference section;
+* `cel`: CEL evaluated in Python, as the API server does (for admission and the params' rules);
 * `autoscale`: the rollout autoscaling policy and its metric sources.
 """

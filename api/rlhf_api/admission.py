@@ -156,7 +156,7 @@ def name_rules() -> list[dict[str, Any]]:
 
 
 #: A messageExpression the API server's cost estimator refuses: it bounds no string joined from a
-#: list, nor `string(int)` (integers are written with `spec.cel_int` instead, which it can bound).
+#: list, nor `string(int)` (integers are written with `fields.cel_int` instead, which it can bound).
 #: The CRD carries the rule's static `message` instead, while `rlhf validate` shows the values.
 #: Same rule, same verdict; only the wording differs. (Checked against the API server's own CRD
 #: validation: the cluster tests install the CRD.)

@@ -224,9 +224,15 @@ def reference_pods_rule() -> tuple[Any, ...]:
     not between 0 and non-zero, which would add or drop the reference pods of a running job (a
     pod-shaping change, like `roles.reference.replicas`). A custom pipeline keeps every role."""
 
+    # klCoef and its aliases (`PARAM_ALIASES`: the seeds' betaInit): whichever spelling is set.
+    spellings = ["klCoef", *(key for key, alias in PARAM_ALIASES.items() if "kl_coef" in alias.fields)]
+
     def runs_reference(obj: str) -> str:
-        kl = f"{obj}.algorithm.params.klCoef"
-        return f"(has({kl}) ? {kl} != 0.0 : {obj}.algorithm.name in {_cel_list(on)})"
+        test = f"{obj}.algorithm.name in {_cel_list(on)}"
+        for key in reversed(spellings):
+            kl = f"{obj}.algorithm.params.{key}"
+            test = f"(has({kl}) ? {kl} != 0.0 : {test})"
+        return test
 
     switch, on = reference_switch_algorithms()
     return (

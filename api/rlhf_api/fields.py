@@ -14,7 +14,6 @@ from dataclasses import field
 from typing import Any, Literal, Union, get_args, get_origin
 
 #: Algorithms shipped with the library (`rlhf_trainer.algorithms`). A custom one is given by
-
 #: import path, `my_pkg.algos:MyAlgo`.
 BUILTIN_ALGORITHMS = (
     "ppo",

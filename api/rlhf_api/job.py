@@ -15,8 +15,6 @@ from rlhf_api.contract import (
     CONTROLLER_ROLE,
     ROLES,
 )
-
-#: Algorithms shipped with the library (`rlhf_trainer.algorithms`). A custom one is given by
 from rlhf_api.fields import IMPORT_PATH_RE, MAX_PODS_PER_JOB, _f, cel_int, cel_names
 from rlhf_api.pods import ImagePullSecretSpec, PodSettingsSpec, VolumeSpec
 from rlhf_api.roles import (
@@ -391,7 +389,7 @@ def max_response_length(spec: JobSpec) -> int:
 def reward_model_dtype(spec: JobSpec, model: RewardModelSpec) -> str:
     """The dtype a reward model (`reward.model`, or one of `reward.models`) is loaded in: its own
     `dtype`, else `model.dtype`."""
-    return model.dtype or spec.model.dtype
+    return model.load_dtype(spec.model.dtype)
 
 
 @dataclass

@@ -17,7 +17,6 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
-#: Algorithms shipped with the library (`rlhf_trainer.algorithms`). A custom one is given by
 from rlhf_api import admission
 from rlhf_api.contract import (
     API_VERSION,

@@ -24,8 +24,6 @@ from rlhf_api.contract import (
     SCHEDULER_PLUGINS_POD_GROUP,
     VOLCANO_POD_GROUP,
 )
-
-#: Algorithms shipped with the library (`rlhf_trainer.algorithms`). A custom one is given by
 from rlhf_api.fields import DNS_LABEL_RE, QUANTITY_RE, _cel_in, _cel_string, _f, _one_of_rule, camel
 
 # --------------------------------------------------------------------------------------------
@@ -372,8 +370,9 @@ class PodSettingsSpec:
 
     Environment variables follow the operator's own, in order (`spec.pod`, then the role's); one
     named like an operator default (HOME, XDG_CACHE_HOME, HF_HOME, MPLCONFIGDIR, NCCL_DEBUG, ...)
-    replaces it, and a role's replaces `spec.pod`'s of the same name. Changes apply to pods created
-    afterwards (new rollout pods, the next gang restart)."""
+    replaces it, and a role's replaces `spec.pod`'s of the same name. Immutable once the job
+    exists (a scale-up would otherwise run pods of two shapes): delete and recreate the job to
+    change them."""
 
     env: list[EnvVarSpec] = _f(
         [], doc="Environment variables (`value`, or `valueFrom` a Secret, ConfigMap or pod field)."

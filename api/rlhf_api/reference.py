@@ -11,8 +11,6 @@ import json
 from typing import Any, get_args, get_origin
 
 from rlhf_api import algorithm_schema
-
-#: Algorithms shipped with the library (`rlhf_trainer.algorithms`). A custom one is given by
 from rlhf_api.fields import _describe, _hints, _unwrap_optional, camel, to_dict
 from rlhf_api.job import JobSpec
 

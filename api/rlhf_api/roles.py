@@ -13,8 +13,6 @@ from rlhf_api.contract import (
     POD_TMP_DIR,
     POD_WORKSPACE_DIR,
 )
-
-#: Algorithms shipped with the library (`rlhf_trainer.algorithms`). A custom one is given by
 from rlhf_api.fields import DNS_LABEL_RE, MAX_REPLICAS, QUANTITY_RE, _f, cel_int
 from rlhf_api.pods import PodSettingsSpec, ResourcesSpec
 

@@ -11,7 +11,6 @@ import dataclasses
 import inspect
 from typing import Any, Literal, get_args, get_origin
 
-#: Algorithms shipped with the library (`rlhf_trainer.algorithms`). A custom one is given by
 from rlhf_api.fields import (
     DNS_LABEL_RE,
     IMPORT_PATH_RE,

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from rlhf_api import algorithm_params, algorithm_schema
-
-#: Algorithms shipped with the library (`rlhf_trainer.algorithms`). A custom one is given by
 from rlhf_api.fields import BUILTIN_ALGORITHMS, IMPORT_PATH_RE, _f
 
 # --------------------------------------------------------------------------------------------
@@ -162,6 +160,10 @@ class RewardModelSpec:
         "`max_position_embeddings`.",
         minimum=1,
     )
+
+    def load_dtype(self, job_dtype: str) -> str:
+        """The dtype this reward model is loaded in: its own `dtype`, else the job's `model.dtype`."""
+        return self.dtype or job_dtype
 
 
 @dataclass

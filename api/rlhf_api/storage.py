@@ -19,8 +19,6 @@ from rlhf_api.contract import (
     POD_TMP_DIR,
     POD_WORKSPACE_DIR,
 )
-
-#: Algorithms shipped with the library (`rlhf_trainer.algorithms`). A custom one is given by
 from rlhf_api.job import JobSpec, _pod_counts
 
 # --------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ FILE` fails when a file is stale (and a unit test runs that check). Nothing here
 The CRD carries the digest of its own `spec` (`SCHEMA_DIGEST_ANNOTATION`, `schema_digest`). The
 operator compares the installed CRD's annotation with the digest of the CRD it would generate
 itself (`expected_schema_digest`): when they are equal, the API server has enforced on every job
-exactly the schema and CEL rules that `spec.parse_job` would evaluate again in Python, so the
+exactly the schema and CEL rules that `rlhf_api.loader.parse_job` would evaluate again in Python, so the
 operator skips that evaluation (`rlhf_operator.parse_cache.InstalledRules`). The annotation is part of the
 generated file, so `rlhf crd --check` keeps it honest; a CRD edited by hand with the annotation
 left in place would deceive it (as it would deceive any reader of the file).

@@ -1,4 +1,4 @@
-"""The operator's parse of a job, remembered: `parse(body)` is `spec.parse_job` of the job without
+"""The operator's parse of a job, remembered: `parse(body)` is `rlhf_api.loader.parse_job` of the job without
 its status, computed once per distinct job rather than on every pass.
 
 `parse_job` evaluates every rule of the CRD (its OpenAPI schema and CEL rules, interpreted in

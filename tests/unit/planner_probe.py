@@ -1,5 +1,5 @@
 """Measures what the planner estimates, in a process of its own (tests/unit/test_planner.py):
-a random Llama of the given shape (the bootstrap's `build_tiny_model`) is built, one micro-batch
+a random Llama of the given shape (`rlhf_trainer.tiny_model.build_tiny_model`) is built, one micro-batch
 goes forward and backward in fp32 and AdamW steps, twice. Printed as JSON: the bytes of the
 parameters, gradients and optimizer state (tracked tensor by tensor), the resident set's growth
 after the step (VmRSS) and its peak growth (VmHWM), each from a baseline taken after a warm-up

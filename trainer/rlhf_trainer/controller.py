@@ -121,12 +121,14 @@ def run(
             evaluated = evaluate_if_due(r, step + 1, metrics)
             # log
             log_step(r, step, metrics, evaluated)
-            # checkpoint
+            # checkpoint (also the step in progress when SIGTERM arrived during it)
             save_checkpoint_if_due(r, step + 1)
+            stopping = preemption is not None and preemption.requested and step + 1 < spec.training.steps
+            saved = checkpoint_on_preemption(r, step + 1) if stopping else None
             # status (after the checkpoint, so that the write names it)
             report_progress(r, step + 1, metrics)
-            if preemption is not None and preemption.requested and step + 1 < spec.training.steps:
-                stop_on_preemption(r, step + 1, preemption)
+            if saved is not None and preemption is not None:
+                raise Preempted(step + 1, saved, preemption.elapsed())
         model = export_final(r)
         summary = finish(r, time.perf_counter() - started)
         summary.model = model
@@ -244,15 +246,13 @@ def save_checkpoint_if_due(r: Run, done: int) -> None:
         save_checkpoint(r, done)
 
 
-def stop_on_preemption(r: Run, done: int, preemption: Preemption) -> None:
+def checkpoint_on_preemption(r: Run, done: int) -> Path:
     """SIGTERM arrived during the step just done: its checkpoint (unless the periodic one was
-    just written), then `Preempted`."""
+    just written); the loop then reports it and raises `Preempted`."""
     spec = r.ctx.spec
     if due(done, spec.checkpoint.every, spec.training.steps):
-        path = r.checkpoint_dir / checkpoint.step_name(done)
-    else:
-        path = save_checkpoint(r, done)
-    raise Preempted(done, path, preemption.elapsed())
+        return r.checkpoint_dir / checkpoint.step_name(done)
+    return save_checkpoint(r, done)
 
 
 def save_checkpoint(r: Run, done: int) -> Path:

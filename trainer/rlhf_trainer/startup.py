@@ -412,11 +412,8 @@ def start_rollout_ahead(ctx: TrainerContext) -> None:
     while the actor trains (`dataflow.rollout_ahead`). Disaggregated placement only."""
     if ctx.spec.rollout.max_staleness == 0:
         return
-    if ctx.fleet is None:
-        raise RunError(
-            f"spec.rollout.maxStaleness: {ctx.spec.rollout.max_staleness} needs a rollout fleet "
-            "(spec.roles.placement: disaggregated); valid with colocated placement: 0"
-        )
+    # Admission refuses maxStaleness > 0 without a fleet (the job's CEL rule on rollout.maxStaleness).
+    assert ctx.fleet is not None, "maxStaleness > 0 without a rollout fleet passed admission"
     from rlhf_trainer.dataflow.rollout_ahead import RolloutAhead
 
     ctx.ahead = RolloutAhead(ctx)

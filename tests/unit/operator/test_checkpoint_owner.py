@@ -60,7 +60,7 @@ def test_the_controller_pod_is_told_its_jobs_uid() -> None:
 
 
 def test_the_run_stops_before_the_model_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`controller.setup` refuses before it loads the model (here a path that does not exist:
+    """`startup.setup` refuses before it loads the model (here a path that does not exist:
     reached, it would raise FileNotFoundError) or starts Ray."""
     ckpt = tmp_path / "ckpt"
     _written_by(ckpt, OLD)

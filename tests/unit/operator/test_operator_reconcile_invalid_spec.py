@@ -3,7 +3,7 @@ message naming the field, no pod (and no Service, ConfigMap, Secret).
 
 Two ways such a spec reaches the operator: it slipped past the API server (created before the CRD
 was upgraded, or by a client that skipped strict field validation), so the operator evaluates the
-whole rule set again (`spec.parse_job`: the CRD's schema and CEL rules, then the loader's checks);
+whole rule set again (`rlhf_api.loader.parse_job`: the CRD's schema and CEL rules; the loader then only converts types);
 or the server cannot check it at all: a custom algorithm's free-form `customParams`, which the
 operator checks without importing the user's class (`algorithm_params.check_custom_params`)."""
 

@@ -311,7 +311,7 @@ class CombinedReward:
                 m.path,
                 m.batch_size,
                 device=device,
-                dtype=m.dtype or dtype,
+                dtype=m.load_dtype(dtype),
                 max_length=m.max_length,
                 name=name,
             )

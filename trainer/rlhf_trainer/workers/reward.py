@@ -21,7 +21,7 @@ class RewardWorker(Worker):
         from rlhf_trainer.rewards import CombinedReward
 
         self.rewards: dict[str, Any] = {
-            # a reward model without a dtype of its own runs in model.dtype (`rlhf_api.job.reward_model_dtype`)
+            # a reward model without a dtype of its own runs in model.dtype (`RewardModelSpec.load_dtype`)
             JOB_REWARDS: CombinedReward.from_spec(
                 self.spec.reward, device=str(self.device), dtype=self.spec.model.dtype
             )
