@@ -237,8 +237,8 @@ class RolloutCorrectionSpec:
     token's (or sequence's) policy-gradient term is weighted by w = pi_trainer / pi_engine,
     truncated at `cap` (or the sample masked out above it), as in Yao et al. 2025 ("Your efficient
     RL framework secretly brings you off-policy RL training") and verl's rollout importance
-    sampling. The weights' statistics: `rollout/is_weight_mean`, `rollout/is_weight_max`,
-    `rollout/is_truncated_fraction`. With this on, the stale-sample weight of `maxStaleness > 0`
+    sampling. The weights' statistics: `rollout/is_weight_mean`, `rollout/is_weight_min`,
+    `rollout/is_weight_max`, `rollout/is_truncated_fraction`. With this on, the stale-sample weight of `maxStaleness > 0`
     is this one (against the engine's log-probs of the version that generated the sample)."""
 
     enabled: bool = _f(False, doc="Weight the policy-gradient terms by the trainer/engine importance ratio.")

@@ -111,6 +111,7 @@ def test_token_weights_truncated_at_the_cap():
     assert torch.allclose(w, torch.tensor([[2.0, 0.5, 1.0], [1.5, 1.25, 0.0]]))
     assert math.isclose(m["rollout/is_weight_mean"], (2.0 + 0.5 + 1.0 + 1.5 + 1.25) / 5, rel_tol=1e-6)
     assert math.isclose(m["rollout/is_weight_max"], 2.0, rel_tol=1e-6)
+    assert math.isclose(m["rollout/is_weight_min"], 0.5, rel_tol=1e-6)
     assert math.isclose(m["rollout/is_truncated_fraction"], 1 / 5)
 
 
@@ -119,6 +120,7 @@ def test_token_weights_masked_above_the_cap():
     assert torch.allclose(w, torch.tensor([[0.0, 0.5, 1.0], [0.0, 1.25, 0.0]]))
     assert math.isclose(m["rollout/is_truncated_fraction"], 2 / 5)
     assert math.isclose(m["rollout/is_weight_max"], 1.25, rel_tol=1e-6)
+    assert m["rollout/is_weight_min"] == 0.0  # the masked tokens
 
 
 def test_sequence_weights_are_the_product_over_the_response():
@@ -126,6 +128,7 @@ def test_sequence_weights_are_the_product_over_the_response():
     w, m = rollout_importance_weights(TRAINER, ENGINE, MASK, cap=1.8, level="sequence")
     assert torch.allclose(w, torch.tensor([[1.5, 1.5, 1.5], [1.8, 1.8, 0.0]]), atol=1e-5)
     assert math.isclose(m["rollout/is_weight_mean"], (1.5 + 1.8) / 2, rel_tol=1e-5)
+    assert math.isclose(m["rollout/is_weight_min"], 1.5, rel_tol=1e-5)
     assert math.isclose(m["rollout/is_truncated_fraction"], 1 / 2)
     w, _ = rollout_importance_weights(TRAINER, ENGINE, MASK, cap=1.8, level="sequence", mode="mask")
     assert torch.allclose(w, torch.tensor([[1.5, 1.5, 1.5], [0.0, 0.0, 0.0]]), atol=1e-5)

@@ -105,7 +105,7 @@ def rollout_importance_weights(
     engine_t)) over the response, the same for all its tokens. mode `truncate`: w = min(rho, cap);
     `mask`: w = rho where rho <= cap, else 0. Returns the weights (B, T), 0 on padding, and
     `rollout/is_weight_mean` (over tokens, or sequences at sequence level), `rollout/is_weight_max`,
-    `rollout/is_truncated_fraction` (the share above the cap: truncated or masked)."""
+    `rollout/is_weight_min`, `rollout/is_truncated_fraction` (the share above the cap: truncated or masked)."""
     if cap < 1.0:
         raise ValueError(f"cap (spec.algorithm.rolloutCorrection.cap) must be >= 1, got {cap}")
     if level not in ("token", "sequence"):
@@ -129,6 +129,7 @@ def rollout_importance_weights(
     metrics = {
         "rollout/is_weight_mean": float((values * units).sum()) / n if n else 1.0,
         "rollout/is_weight_max": float(values[units.bool().expand_as(values)].max()) if n else 1.0,
+        "rollout/is_weight_min": float(values[units.bool().expand_as(values)].min()) if n else 1.0,
         "rollout/is_truncated_fraction": float((flags * units).sum()) / n if n else 0.0,
     }
     return weights.to(trainer_log_probs.dtype), metrics

@@ -202,9 +202,7 @@ class ActorWorker(TrainableWorker):
         `temperature`: in place of the rollout's (the evaluation's own; None: the rollout's)."""
         if self.engine is None:
             raise RuntimeError("ActorWorker.generate: this actor has no engine (placement is not colocated)")
-        from rlhf_trainer.workers.distributed import step_seed
-
-        self.engine.set_seed(step_seed(self.spec.training.seed, step, self.rank, stream=1))
+        self.seed_generation(step)
         episodes = self.episodes()
         if hasattr(self.engine, "llm"):  # vLLM runs its own dtype: no autocast around its forward
             out = episodes.generate(

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from rlhf_trainer.workers.base import Worker
-from rlhf_trainer.workers.distributed import rendezvous_host, step_seed
+from rlhf_trainer.workers.distributed import rendezvous_host
 
 
 class RolloutWorker(Worker):
@@ -118,7 +118,7 @@ class RolloutWorker(Worker):
         induce load on the fleet)."""
         if delay_per_prompt > 0:
             time.sleep(delay_per_prompt * len(prompt_ids))
-        self.engine.set_seed(step_seed(self.spec.training.seed, step, self.rank, stream=1))
+        self.seed_generation(step)
         out = self.episodes.generate(
             self.engine, prompt_ids, n, greedy=greedy, temperature=temperature
         ).to_dict()
