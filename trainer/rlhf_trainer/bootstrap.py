@@ -112,7 +112,7 @@ RECIPES: dict[str, Recipe] = {
         version=3,
     ),
     # Multi-turn: two-digit products the model answers by calling the calculator tool
-    # (`environments.tiny_calculator`; manifests/examples/multiturn-calculator.yaml).
+    # (`tiny_calculator`; manifests/examples/multiturn-calculator.yaml).
     "tiny-calculator": Recipe(
         name="tiny-calculator",
         build=lambda path, seed: _tiny_calculator().build(path, seed),
@@ -124,7 +124,7 @@ RECIPES: dict[str, Recipe] = {
 
 
 def _tiny_calculator() -> Any:
-    from rlhf_trainer.environments import tiny_calculator
+    from rlhf_trainer import tiny_calculator
 
     return tiny_calculator
 

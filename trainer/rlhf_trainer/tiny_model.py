@@ -1,7 +1,7 @@
 """The tiny models every bootstrap recipe starts from, and the tests too: a character-level
 tokenizer over printable ASCII and a randomly initialised tiny Llama sized for it. Nothing is
 downloaded. The recipes that warm them up on a task are `bootstrap` (tiny-arithmetic) and
-`environments.tiny_calculator` (tiny-calculator)."""
+`tiny_calculator` (tiny-calculator)."""
 
 from __future__ import annotations
 
