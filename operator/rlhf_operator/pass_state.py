@@ -165,6 +165,9 @@ class Pass:
     admitted: bool = False
     #: The operator's bounds on one job (`tenant_limits`).
     limits: tenant_limits.Limits = field(default_factory=tenant_limits.Limits)
+    #: The access modes of the claims several pods write (`storage.shared_claims`), as read from
+    #: the cluster (None for a claim that does not exist); None: not read (the pass checks nothing).
+    claims: dict[str, list[str] | None] | None = None
 
     @classmethod
     def start(cls, body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime) -> Pass:
