@@ -25,7 +25,11 @@ def _claim(mode: str) -> dict[str, Any]:
     # Unbound (no class, no volume): the access modes the operator reads are the claim's spec.
     return {
         "metadata": {"name": CLAIM},
-        "spec": {"accessModes": [mode], "storageClassName": "", "resources": {"requests": {"storage": "1Gi"}}},
+        "spec": {
+            "accessModes": [mode],
+            "storageClassName": "",
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
     }
 
 
