@@ -236,7 +236,10 @@ class Pass:
         return parse_time(self.condition(type_).get("lastTransitionTime"))
 
     def failure_of(self, pod: dict[str, Any]) -> failure_policy.PodFailure | None:
-        return failure_policy.pod_failure(pod, self.now, self.spec.scheduling.timeout_seconds)
+        scheduling = self.spec.scheduling
+        return failure_policy.pod_failure(
+            pod, self.now, scheduling.timeout_seconds, scheduling.image_pull_timeout_seconds
+        )
 
     def replace_alone(self, pod: dict[str, Any]) -> failure_policy.PodFailure | None:
         """A rollout pod's failure that a new pod can cure (it is replaced alone), else None."""

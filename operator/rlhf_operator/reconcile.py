@@ -325,9 +325,10 @@ def report_problems(p: Pass) -> bool:
     for f in reported:
         if not f.acting:
             p.plan.requeue(f.act_in)
-    timeout = p.spec.scheduling.timeout_seconds
+    timeout, pull_timeout = p.spec.scheduling.timeout_seconds, p.spec.scheduling.image_pull_timeout_seconds
     for pod in p.current:
-        if (left := pod_health.seconds_to_start_timeout(pod, p.now, timeout)) is not None and left > 0:
+        left = pod_health.seconds_to_start_timeout(pod, p.now, timeout, pull_timeout)
+        if left is not None and left > 0:
             p.plan.requeue(left)
     if reported:
         _report(p, reported)

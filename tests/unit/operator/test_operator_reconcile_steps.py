@@ -522,6 +522,56 @@ def test_act_on_failures(phase_: str, restarts: int, pods: list[Pod], want: tupl
     assert (ended, p.status["phase"], p.status["restarts"], names(p.plan.delete), events(p)) == want
 
 
+def creating(p: Pod) -> Pod:
+    """Bound at T0, its sandbox ready, its containers still being created: a multi-GB image pull."""
+    p = scheduled(p)
+    p["status"]["conditions"][0]["lastTransitionTime"] = rfc3339(T0)
+    p["status"]["conditions"].append({"type": "PodReadyToStartContainers", "status": "True"})
+    p["status"]["containerStatuses"] = [
+        {"name": "trainer", "state": {"waiting": {"reason": "ContainerCreating"}}}
+    ]
+    return p
+
+
+# A slow pull against the start timeout: BASE_SPEC's scheduling.timeoutSeconds is 60, its
+# imagePullTimeoutSeconds the default 1800. (case, actor-0's state, t) -> (ended, phase, restarts,
+# events, requeue after report_problems)
+SLOW_PULL = [
+    (
+        "pulling 10 min, past the start timeout: no failure",
+        creating,
+        600,
+        (NEXT, "Scheduling", 0, [], 1200.0),
+    ),
+    (
+        "pulling past imagePullTimeoutSeconds: a start failure, the gang restarts",
+        creating,
+        1800,
+        (DONE, "Restarting", 1, ["GangRestart"], 10.0),
+    ),
+    (
+        "a pull error stays a failure (no gang restart: the job fails)",
+        pulling,
+        61,
+        (DONE, "Failed", 0, ["ImagePullFailed"], None),
+    ),
+]
+
+
+@pytest.mark.parametrize("state,t,want", [c[1:] for c in SLOW_PULL], ids=[c[0] for c in SLOW_PULL])
+def test_a_slow_image_pull_is_not_a_start_timeout(state: State, t: float, want: tuple[Any, ...]) -> None:
+    b = body_("Scheduling", conditions=scheduled_clock(0))
+    pods = pods_(B, j_actor_0=state)
+    p, ended = run_to(reconcile.act_on_failures, b, pods, t=t)
+    if ended is NEXT:
+        assert reconcile.report_problems(p) is NEXT
+    got = (ended, p.status["phase"], p.status["restarts"], events(p), p.plan.requeue_after)
+    assert got == want
+    if want[1] == "Restarting":
+        message = p.condition("Restarting")["message"]
+        assert "spec.scheduling.imagePullTimeoutSeconds" in message and "(image 'trainer:test')" in message
+
+
 # -- report_problems: (case, conditions, pods, t) -> (PodFailure, events, requeue) ---------------------
 
 REPORTED = [
