@@ -45,6 +45,10 @@ from rlhf_operator.testing import OperatorProcess  # noqa: E402
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 
 
+#: The host directory the jobs' checkpoints name (never written: nothing runs on kwok's nodes).
+BENCH_HOST_PATH = "/tmp/rlhf-bench-checkpoints"
+
+
 def job_manifest(name: str) -> dict[str, Any]:
     """10 pods: controller, 4 actors + 1 reference + 3 rollout engines (8 GPUs each), 1 reward (CPU)."""
     doc = yaml.safe_load((ROOT / "manifests" / "examples" / "grpo-h100.yaml").read_text())
@@ -65,8 +69,14 @@ def job_manifest(name: str) -> dict[str, Any]:
     }
     spec["training"]["miniBatchSize"] = 128
     # The example mounts existing claims (models, datasets, checkpoints); none exists here, and a
-    # pod naming a missing claim is never scheduled.
-    spec.pop("pod", None)
+    # pod naming a missing claim is never scheduled. The checkpoint and run directories must still
+    # be on a volume every writer mounts (the operator refuses the job otherwise): a hostPath
+    # (kwok mounts nothing), allowed by the operator run below (BENCH_HOST_PATH).
+    spec["pod"] = {
+        "volumes": [
+            {"name": "checkpoints", "mountPath": "/checkpoints", "hostPath": {"path": BENCH_HOST_PATH}}
+        ]
+    }
     return doc  # type: ignore[no-any-return]
 
 
@@ -261,6 +271,7 @@ def operator_run(
         # ignore both.
         "RLHF_OPERATOR_LOG_FORMAT": "full",
         "RLHF_OPERATOR_DEBUG_PASSES": "1",
+        "RLHF_OPERATOR_ALLOWED_HOST_PATHS": BENCH_HOST_PATH,  # the jobs' checkpoint volume
     }
     import kubernetes
 

@@ -187,6 +187,17 @@ class SchedulingSpec:
     timeout_seconds: int = _f(
         300, doc="How long all of a gang's pods may wait to be scheduled before `Unschedulable`.", minimum=1
     )
+    image_pull_timeout_seconds: int = _f(
+        1800,
+        doc=(
+            "How long a pod bound to a node may stay in ContainerCreating/PodInitializing (pulling its "
+            "image: a trainer image is many GB) before it counts as a start failure (PodStartTimeout, "
+            "naming the image); until then a slow pull is neither a failure nor a gang restart. Other "
+            "bound pods that are not Running get `timeoutSeconds`. Pull errors (ErrImagePull, "
+            "ImagePullBackOff) are failures at once."
+        ),
+        minimum=1,
+    )
     on_timeout: Literal["wait", "fail"] = _f(
         "wait", doc="After the timeout: keep waiting (reported) or fail the job."
     )

@@ -65,6 +65,10 @@ CHILD_FAILURE = "ChildFailure"
 # URLNotAllowed; the autoscaler reads the controller pod's /metrics instead.
 PROMETHEUS_REFUSED = "PrometheusRefused"
 SUSPENDED = "Suspended"
+# A directory several pods write (the checkpoint directory) lies on a persistentVolumeClaim that
+# they cannot all mount (not ReadWriteMany) or that does not exist (`rlhf_api.storage.claim_findings`):
+# reason ClaimNotShared while True (no pod is created), ClaimsShared once fixed.
+STORAGE_NOT_SHARED = "StorageNotShared"
 # Kueue holds pods of the job back (its admission scheduling gate): reason WaitingForKueue while
 # True, Admitted once it lets them go (see `kueue`). The scheduling timeout counts from then.
 QUEUED = "Queued"
@@ -79,6 +83,7 @@ CONDITION_TYPES = (
     POD_FAILURE,
     CHILD_FAILURE,
     PROMETHEUS_REFUSED,
+    STORAGE_NOT_SHARED,
     SUSPENDED,
     SUCCEEDED,
     FAILED,

@@ -109,19 +109,8 @@ def cluster_storage_findings(spec: JobSpec, job_name: str) -> StorageFindings:
     every training and rollout pod, the prompts by the controller pod, a reward model by the reward pods."""
     counts = _pod_counts(spec)
     out = StorageFindings([], [])
-    try:
-        run_dir = spec.output.dir.format(name=job_name)
-    except (KeyError, IndexError, ValueError):
-        run_dir = spec.output.dir
-    run_where = pod_path(run_dir)
-    _check_written(spec, counts, "spec.output.dir", run_dir, run_where, [CONTROLLER_ROLE], out)
-    writers = [r for r in (CONTROLLER_ROLE, "actor", "critic") if counts.get(r)]
-    if spec.checkpoint.dir is None:
-        ckpt = posixpath.join(run_where, "checkpoints")
-        _check_written(spec, counts, "spec.checkpoint.dir", "<output.dir>/checkpoints", ckpt, writers, out)
-    else:
-        ckpt = pod_path(spec.checkpoint.dir)
-        _check_written(spec, counts, "spec.checkpoint.dir", spec.checkpoint.dir, ckpt, writers, out)
+    for field_path, given, where, writers in _written_dirs(spec, job_name, counts):
+        _check_written(spec, counts, field_path, given, where, writers, out)
     model_readers = [r for r in (CONTROLLER_ROLE, "actor", "critic", "reference", "rollout") if counts.get(r)]
     read: list[tuple[str, str | None, list[str]]] = [
         ("spec.model.path", spec.model.path, model_readers),
@@ -145,6 +134,91 @@ def cluster_storage_findings(spec: JobSpec, job_name: str) -> StorageFindings:
     return out
 
 
+def _written_dirs(
+    spec: JobSpec, job_name: str, counts: dict[str, int]
+) -> list[tuple[str, str, str, list[str]]]:
+    """(field path, the spec's value, where it is in the pods, the roles whose pods write there)
+    for each directory the trainer writes: the run directory and the checkpoint directory."""
+    try:
+        run_dir = spec.output.dir.format(name=job_name)
+    except (KeyError, IndexError, ValueError):
+        run_dir = spec.output.dir
+    run_where = pod_path(run_dir)
+    writers = [r for r in (CONTROLLER_ROLE, "actor", "critic") if counts.get(r)]
+    if spec.checkpoint.dir is None:
+        ckpt = ("<output.dir>/checkpoints", posixpath.join(run_where, "checkpoints"))
+    else:
+        ckpt = (spec.checkpoint.dir, pod_path(spec.checkpoint.dir))
+    return [
+        ("spec.output.dir", run_dir, run_where, [CONTROLLER_ROLE]),
+        ("spec.checkpoint.dir", *ckpt, writers),
+    ]
+
+
+def _shown(given: str, where: str) -> str:
+    return repr(given) if given == where else f"{given!r} ({where} in the pods)"
+
+
+#: The access mode with which pods on different nodes all write one claim.
+SHARED_ACCESS_MODE = "ReadWriteMany"
+
+
+@dataclass(frozen=True)
+class SharedClaim:
+    """A persistentVolumeClaim on which a directory written by several pods lies: it works only
+    when the claim is ReadWriteMany (the static checks cannot see that: `claim_findings` does)."""
+
+    claim: str
+    field_path: str
+    #: The directory, as the spec gives it and where it is in the pods.
+    shown: str
+    #: Who writes it ("the controller pod and actor pods").
+    writers: str
+
+
+def shared_claims(spec: JobSpec, job_name: str) -> list[SharedClaim]:
+    """The claims that more than one pod writes (the checkpoint directory of a job whose
+    controller and trained roles run in several pods), one entry per directory."""
+    counts = _pod_counts(spec)
+    out = []
+    for field_path, given, where, writers in _written_dirs(spec, job_name, counts):
+        if sum(counts[r] for r in writers) < 2:
+            continue  # one pod: any claim it can mount will do
+        at = [_covering(pod_mounts(spec, r), where) for r in writers]
+        if all(m is not None and m.kind == "persistentVolumeClaim" and m.shared_as for m in at):
+            claims = {m.shared_as[1] for m in at if m is not None and m.shared_as}
+            if len(claims) == 1:  # different claims: `cluster_storage_findings` reports it
+                out.append(
+                    SharedClaim(claims.pop(), field_path, _shown(given, where), _pods_phrase(writers, counts))
+                )
+    return out
+
+
+def claim_findings(spec: JobSpec, job_name: str, access_modes: dict[str, list[str] | None]) -> list[str]:
+    """What makes the job's shared claims (`shared_claims`) unfit for it, given each claim's
+    access modes as the cluster has them (None: the claim does not exist); [] when they fit.
+    The operator asks this before it creates the pods of a job."""
+    out = []
+    for c in shared_claims(spec, job_name):
+        modes = access_modes.get(c.claim)
+        valid = (
+            f"valid: a claim with access mode {SHARED_ACCESS_MODE} (so that pods on different nodes all "
+            "mount it), or all trained roles and the controller in one pod"
+        )
+        if modes is None:
+            out.append(
+                f"{c.field_path}: {c.shown} is on the persistentVolumeClaim {c.claim!r}, which does not exist; "
+                f"create it ({valid})"
+            )
+        elif SHARED_ACCESS_MODE not in modes:
+            out.append(
+                f"{c.field_path}: {c.shown} is on the persistentVolumeClaim {c.claim!r} with access mode "
+                f"{', '.join(modes) or '(none)'}, which {c.writers} cannot all write: every restart would fail "
+                f"at its first checkpoint; {valid}"
+            )
+    return out
+
+
 def _check_written(
     spec: JobSpec,
     counts: dict[str, int],
@@ -154,7 +228,7 @@ def _check_written(
     writers: list[str],
     out: StorageFindings,
 ) -> None:
-    shown = repr(given) if given == where else f"{given!r} ({where} in the pods)"
+    shown = _shown(given, where)
     at = {role: _covering(pod_mounts(spec, role), where) for role in writers}
     pods = sum(counts[r] for r in writers)
     fix = f"mount a volume at or above {where} in spec.pod.volumes" + (

@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_api import contract
+from rlhf_api import contract, storage
 from rlhf_api.autoscale import MetricError, MetricSource
 from rlhf_api.fields import SpecError
 from rlhf_api.status import FINISHED, rfc3339
@@ -294,6 +294,37 @@ class Executor:
         total = 1000 * (time.perf_counter() - started)
         log.debug("%s/%s: pass %.0f ms (%s)", namespace, name, total, ", ".join(parts) or "-")
 
+    def _claims(self, body: dict[str, Any], admitted: bool) -> dict[str, list[str] | None] | None:
+        """The access modes of the claims several of the job's pods write (`storage.shared_claims`),
+        read only while its gang is to be created (Pending, Restarting: `reconcile.shared_storage`);
+        a bound claim's are its volume's (status), an unbound one's what it asks for (spec)."""
+        if (body.get("status") or {}).get("phase", "Pending") not in ("Pending", "Restarting"):
+            return None
+        try:
+            job = parse_cache.parse(body, admitted=admitted)
+        except SpecError:
+            return None  # the pass reports it
+        ns = str(body["metadata"].get("namespace") or "")
+        out: dict[str, list[str] | None] = {}
+        for shared in storage.shared_claims(job.spec, job.metadata_name):
+            pvc = self.kube.get(
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "metadata": {"namespace": ns, "name": shared.claim},
+                }
+            )
+            if pvc is None:
+                out[shared.claim] = None
+                continue
+            modes = (
+                (pvc.get("status") or {}).get("accessModes")
+                or (pvc.get("spec") or {}).get("accessModes")
+                or []
+            )
+            out[shared.claim] = [str(m) for m in modes]
+        return out
+
     def _reconcile(self, namespace: str, name: str, now: dt.datetime, uid: str | None = None) -> Outcome:
         body = self.kube.get_job(namespace, name)
         self._mark("get")
@@ -311,7 +342,8 @@ class Executor:
         self._mark("parse/autoscale")
         pods = self._pods(namespace, name)
         self._mark("pods")
-        plan = reconcile.plan(body, pods, now, admitted, self.limits)
+        claims = self._claims(body, admitted)
+        plan = reconcile.plan(body, pods, now, admitted, self.limits, claims)
         self._mark(f"plan[{plan.status.get('phase')}]")
         if autoscale_after is not None:
             plan.requeue(autoscale_after)

@@ -144,12 +144,16 @@ def _cause_and_code(cause: str, pod: dict[str, Any]) -> tuple[str, int | None]:
 
 
 def pod_failure(
-    pod: dict[str, Any], now: dt.datetime | None = None, start_timeout_seconds: int | None = None
+    pod: dict[str, Any],
+    now: dt.datetime | None = None,
+    start_timeout_seconds: int | None = None,
+    pull_timeout_seconds: int | None = None,
 ) -> PodFailure | None:
     """The failure of an observed pod, or None while it is healthy (pending, running, succeeded).
 
     Without `now`, only pods that are Failed or being deleted; with it, also the start problems of
-    `pod_health.diagnose` (the start timeout only with `start_timeout_seconds`)."""
+    `pod_health.diagnose` (the start timeout only with `start_timeout_seconds`; a pod still being
+    created, pulling its image, gets `pull_timeout_seconds` instead)."""
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     name = meta.get("name", "")
@@ -178,7 +182,7 @@ def pod_failure(
         )
     if now is None:
         return None
-    problem = pod_health.diagnose(pod, now, start_timeout_seconds)
+    problem = pod_health.diagnose(pod, now, start_timeout_seconds, pull_timeout_seconds)
     if problem is None:
         return None
     kind = OOM_KILLED if problem.kubelet_reason == "OOMKilled" else problem.reason

@@ -30,6 +30,7 @@ PLURALS = {
     "RoleBinding": "rolebindings",
     "PodGroup": "podgroups",
     "NetworkPolicy": "networkpolicies",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
     contract.KIND: contract.PLURAL,
 }
 

@@ -165,6 +165,9 @@ class Pass:
     admitted: bool = False
     #: The operator's bounds on one job (`tenant_limits`).
     limits: tenant_limits.Limits = field(default_factory=tenant_limits.Limits)
+    #: The access modes of the claims several pods write (`storage.shared_claims`), as read from
+    #: the cluster (None for a claim that does not exist); None: not read (the pass checks nothing).
+    claims: dict[str, list[str] | None] | None = None
 
     @classmethod
     def start(cls, body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime) -> Pass:
@@ -233,7 +236,10 @@ class Pass:
         return parse_time(self.condition(type_).get("lastTransitionTime"))
 
     def failure_of(self, pod: dict[str, Any]) -> failure_policy.PodFailure | None:
-        return failure_policy.pod_failure(pod, self.now, self.spec.scheduling.timeout_seconds)
+        scheduling = self.spec.scheduling
+        return failure_policy.pod_failure(
+            pod, self.now, scheduling.timeout_seconds, scheduling.image_pull_timeout_seconds
+        )
 
     def replace_alone(self, pod: dict[str, Any]) -> failure_policy.PodFailure | None:
         """A rollout pod's failure that a new pod can cure (it is replaced alone), else None."""

@@ -11,7 +11,14 @@ kubelet keeps retrying), so the gang would wait in `Scheduling` forever, holding
 * a container `state.terminated` with a non-zero exit code (or `OOMKilled`) while the pod is not
   `Failed` yet (another container still runs);
 * a pod bound to a node (`spec.nodeName`) that is not `Running` `start_timeout_seconds` after it
-  was bound (`PodScheduled` condition's lastTransitionTime, else `status.startTime`).
+  was bound (`PodScheduled` condition's lastTransitionTime, else `status.startTime`); a pod whose
+  sandbox is ready and whose containers are all still being created (`being_created`: a multi-GB
+  image pull looks like this, `ContainerCreating` / `PodInitializing` while the kubelet's Event
+  says `Pulling`; a volume that never mounts leaves the sandbox not ready) gets
+  `pull_timeout_seconds` instead (spec.scheduling.imagePullTimeoutSeconds, longer), so a slow
+  pull is no failure and no gang restart. The pod status shows no pull progress (only Events do),
+  so the longer bound stands in for "the pull still makes progress". A pull that fails is the
+  kubelet's `ErrImagePull` / `ImagePullBackOff`, an image pull problem at once, as before.
 
 Detection only: whether and when the job acts on a problem is `failure_policy`'s decision.
 Pods that are `Failed` or being deleted are `failure_policy.pod_failure`'s too; `describe_failed`
@@ -54,6 +61,9 @@ START_REASONS = frozenset(
         "PostStartHookError",
     }
 )
+#: Kubelet waiting reasons of a container that is still being created: its image is being pulled
+#: (or its volumes mounted); `PodInitializing`: an app container while the init containers start.
+CREATING_REASONS = frozenset({"ContainerCreating", "PodInitializing"})
 #: Reasons no retry of the kubelet can clear: the image reference itself is invalid, or the image
 #: may never be pulled (imagePullPolicy: Never and absent), or the container already crashed.
 DEFINITE_REASONS = frozenset({"InvalidImageName", "ErrImageNeverPull", "CrashLoopBackOff"})
@@ -106,13 +116,46 @@ def bound_at(pod: dict[str, Any]) -> dt.datetime | None:
     return _time(status.get("startTime")) or _time((pod.get("metadata") or {}).get("creationTimestamp"))
 
 
-def seconds_to_start_timeout(pod: dict[str, Any], now: dt.datetime, timeout_seconds: int) -> float | None:
-    """Seconds until a bound, not yet Running pod reaches its start timeout (None: not waiting to start)."""
+def being_created(pod: dict[str, Any]) -> bool:
+    """The pod's sandbox is up (`PodReadyToStartContainers` True: its volumes are mounted and its
+    network set up, so what remains is pulling images and creating containers), and every
+    container the kubelet reports waits in `CREATING_REASONS`: none runs, none waits for anything
+    else. A pod whose volumes never mount shows `ContainerCreating` too, but its sandbox is not
+    ready: it keeps the start timeout (so does every pod on a kubelet older than 1.29, which
+    writes no such condition)."""
+    sandbox = any(
+        c.get("type") == "PodReadyToStartContainers" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+    statuses = [cs for _, cs in _statuses(pod)]
+    return (
+        sandbox
+        and bool(statuses)
+        and all(
+            ((cs.get("state") or {}).get("waiting") or {}).get("reason") in CREATING_REASONS
+            for cs in statuses
+        )
+    )
+
+
+def start_timeout(pod: dict[str, Any], timeout_seconds: int, pull_timeout_seconds: int | None) -> int:
+    """The bound that applies to a pod waiting to start: the image-pull timeout while it is still
+    being created (`being_created`), else the start timeout (also when no pull timeout is given)."""
+    if pull_timeout_seconds is not None and being_created(pod):
+        return max(timeout_seconds, pull_timeout_seconds)
+    return timeout_seconds
+
+
+def seconds_to_start_timeout(
+    pod: dict[str, Any], now: dt.datetime, timeout_seconds: int, pull_timeout_seconds: int | None = None
+) -> float | None:
+    """Seconds until a bound, not yet Running pod reaches its start timeout (`start_timeout`;
+    None: not waiting to start)."""
     status = pod.get("status") or {}
     since = bound_at(pod)
     if since is None or status.get("phase") != "Pending":
         return None
-    return timeout_seconds - (now - since).total_seconds()
+    return start_timeout(pod, timeout_seconds, pull_timeout_seconds) - (now - since).total_seconds()
 
 
 def _statuses(pod: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -152,9 +195,15 @@ def _early_exit(term: dict[str, Any]) -> bool:
     return term.get("reason") == "OOMKilled" or int(term.get("exitCode") or 0) != 0
 
 
-def diagnose(pod: dict[str, Any], now: dt.datetime, start_timeout_seconds: int | None) -> PodProblem | None:
+def diagnose(
+    pod: dict[str, Any],
+    now: dt.datetime,
+    start_timeout_seconds: int | None,
+    pull_timeout_seconds: int | None = None,
+) -> PodProblem | None:
     """The first problem of a pod that is neither Failed nor being deleted, or None while it is
-    healthy (waiting for the scheduler, pulling its image, starting, running, succeeded)."""
+    healthy (waiting for the scheduler, pulling its image within `pull_timeout_seconds`, starting
+    within `start_timeout_seconds`, running, succeeded)."""
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     name = meta.get("name", "")
@@ -200,7 +249,7 @@ def diagnose(pod: dict[str, Any], now: dt.datetime, start_timeout_seconds: int |
             reason = str(term.get("reason") or "Error")
             return problem(container, _exit_kind(reason), reason, subject, _exit(term), True)
     if start_timeout_seconds is not None:
-        left = seconds_to_start_timeout(pod, now, start_timeout_seconds)
+        left = seconds_to_start_timeout(pod, now, start_timeout_seconds, pull_timeout_seconds)
         if left is not None and left <= 0:
             node = (pod.get("spec") or {}).get("nodeName")
             waiting_on = [
@@ -208,12 +257,22 @@ def diagnose(pod: dict[str, Any], now: dt.datetime, start_timeout_seconds: int |
                 for _, cs in _statuses(pod)
                 if (cs.get("state") or {}).get("waiting")
             ]
-            detail = (
-                f"bound to node {node} but not Running after {start_timeout_seconds}s"
-                " (spec.scheduling.timeoutSeconds)"
-            )
-            if waiting_on:
-                detail += f"; waiting: {', '.join(waiting_on)}"
+            bound = start_timeout(pod, start_timeout_seconds, pull_timeout_seconds)
+            if bound != start_timeout_seconds:  # the image-pull timeout: name the images
+                creating = [
+                    f"{cs.get('name')} {cs['state']['waiting']['reason']} (image {_image(pod, str(cs.get('name') or ''), cs)!r})"
+                    for _, cs in _statuses(pod)
+                ]
+                detail = (
+                    f"bound to node {node} but not Running after {bound}s (spec.scheduling.imagePullTimeoutSeconds); "
+                    f"still being created (pulling its image or mounting its volumes): {', '.join(creating)}"
+                )
+            else:
+                detail = (
+                    f"bound to node {node} but not Running after {bound}s (spec.scheduling.timeoutSeconds)"
+                )
+                if waiting_on:
+                    detail += f"; waiting: {', '.join(waiting_on)}"
             return problem("", POD_START_TIMEOUT, "Pending", f"pod {name}", detail, True)
     return None
 

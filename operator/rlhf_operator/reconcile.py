@@ -9,7 +9,7 @@ The pass is a sequence of small named steps (`STEPS`), each a short function of 
 was observed, and the status and plan being built: `pass_state`) that either hands on to the next
 step or ends the pass: parse_spec, sort_attempts, finished, suspended, resumed, kueue_stopped,
 controller_succeeded, desired_pods, collect_failures, act_on_failures, report_problems,
-restart_backoff, rollout_fleet, create_missing, count_members, all_created, all_scheduled,
+restart_backoff, shared_storage, rollout_fleet, create_missing, count_members, all_created, all_scheduled,
 all_running. Each has its own table-driven test (tests/unit/operator/test_operator_reconcile_steps.py).
 
 The executor applies a plan in this order: status first (with the job's resourceVersion, so a plan
@@ -31,7 +31,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from rlhf_api import contract
+from rlhf_api import contract, storage
 from rlhf_api.fields import MAX_REPLICAS, SpecError
 from rlhf_api.status import (
     FAILED,
@@ -41,6 +41,7 @@ from rlhf_api.status import (
     RESTARTING,
     RUNNING,
     SCHEDULED,
+    STORAGE_NOT_SHARED,
     SUCCEEDED,
     SUSPENDED,
     UNSCHEDULABLE,
@@ -76,18 +77,26 @@ from rlhf_operator.status import condition_is
 
 #: The largest rollout generation read from a status (a larger one is clamped to this).
 MAX_GENERATION = 2**53
+#: How often a job held back by its claims (`shared_storage`) looks at them again: a claim's
+#: change wakes no pass (the operator watches no claims), so the fix is picked up within this.
+CLAIM_RECHECK_SECONDS = 15.0
 
 
 def parse_spec(p: Pass) -> bool:
     """An invalid spec fails the job (`InvalidSpec`, every problem named), and so does a job with
     no image on an operator with no default one (`images`), or one the operator's bounds refuse
-    (`tenant_limits.refusal`: too many pods, a hostPath not allowed), before a single pod is built;
-    the pass ends there."""
+    (`tenant_limits.refusal`: too many pods, a hostPath not allowed), or one whose checkpoint or run
+    directory is not on a volume its writers share (`storage.cluster_storage_findings`, the rule
+    `rlhf validate --cluster` applies: the trainer would fail at its first checkpoint), before a
+    single pod is built; the pass ends there."""
     try:
         job = parse_cache.parse(p.body, admitted=p.admitted)
         no_image = images.missing_image(job.spec)
         if no_image:
             raise SpecError([no_image])
+        not_shared = storage.cluster_storage_findings(job.spec, job.metadata_name).errors
+        if not_shared:
+            raise SpecError(not_shared)
         p.plan.job = job
     except SpecError as err:
         _invalid(p, "InvalidSpec", "; ".join(err.errors))
@@ -316,9 +325,10 @@ def report_problems(p: Pass) -> bool:
     for f in reported:
         if not f.acting:
             p.plan.requeue(f.act_in)
-    timeout = p.spec.scheduling.timeout_seconds
+    timeout, pull_timeout = p.spec.scheduling.timeout_seconds, p.spec.scheduling.image_pull_timeout_seconds
     for pod in p.current:
-        if (left := pod_health.seconds_to_start_timeout(pod, p.now, timeout)) is not None and left > 0:
+        left = pod_health.seconds_to_start_timeout(pod, p.now, timeout, pull_timeout)
+        if left is not None and left > 0:
             p.plan.requeue(left)
     if reported:
         _report(p, reported)
@@ -364,6 +374,27 @@ def restart_backoff(p: Pass) -> bool:
         p.plan.requeue(left)
         return DONE
     return NEXT
+
+
+def shared_storage(p: Pass) -> bool:
+    """Before the gang's pods are created (Pending, Restarting): each claim that several pods
+    write is one they can all mount, ReadWriteMany (`storage.claim_findings`, from the claims as
+    read from the cluster). Otherwise `StorageNotShared` names the claim and its access mode, no
+    pod is created, and the pass looks again in `CLAIM_RECHECK_SECONDS`: the job goes on by itself
+    once the claim is fixed (or the spec)."""
+    if p.claims is None or p.phase not in ("Pending", "Restarting"):
+        return NEXT
+    problems = storage.claim_findings(p.spec, p.name, p.claims)
+    if not problems:
+        p.clear(STORAGE_NOT_SHARED, "ClaimsShared", "every claim that several pods write is ReadWriteMany")
+        return NEXT
+    message = "; ".join(problems) + "; no pod is created until then"
+    was = p.condition(STORAGE_NOT_SHARED)
+    if was.get("status") != "True" or was.get("message") != message:
+        p.plan.events.append(Event("Warning", "ClaimNotShared", message))
+    p.cond(STORAGE_NOT_SHARED, True, "ClaimNotShared", message)
+    p.plan.requeue(CLAIM_RECHECK_SECONDS)
+    return DONE
 
 
 def _generation(status: dict[str, Any], key: str) -> int:
@@ -528,6 +559,7 @@ STEPS: tuple[Step, ...] = (
     act_on_failures,
     report_problems,
     restart_backoff,
+    shared_storage,
     rollout_fleet,
     create_missing,
     count_members,
@@ -543,14 +575,17 @@ def plan(
     now: dt.datetime,
     admitted: bool = False,
     limits: tenant_limits.Limits | None = None,
+    claims: dict[str, list[str] | None] | None = None,
 ) -> Plan:
     """Reconcile one job. `body` is the job as read from the API server; `pods` its labelled pods
     (only those whose controller owner reference carries the job's UID count; see `ownership`);
     `admitted`: the API server enforced the CRD's rules on `body` (see `parse_cache.parse`); `limits`:
-    the operator's bounds on a job (default: `tenant_limits.Limits()`)."""
+    the operator's bounds on a job (default: `tenant_limits.Limits()`); `claims`: the access modes of
+    the claims several of its pods write (`storage.shared_claims`; None: not read, not checked)."""
     p = Pass.start(body, pods, now)
     p.admitted = admitted
     p.limits = limits or tenant_limits.Limits()
+    p.claims = claims
     for step in STEPS:
         if step(p) is DONE:
             break

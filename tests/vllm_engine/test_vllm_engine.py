@@ -148,19 +148,22 @@ def test_multi_turn_episodes_through_vllm(tiny_model_dir, tmp_path):
     assert out["max_abs_diff"] < 1e-3, out
 
 
-def test_quickstart_learns_with_vllm(tiny_model_dir, tmp_path):
-    """The quickstart with `rollout.engine: vllm` (colocated: a vLLM engine in the actor's
-    process, refreshed after every update) through `rlhf run`: the mean reward rises."""
+def _quickstart_with_vllm(
+    tiny_model_dir: Path, tmp_path: Path, name: str, steps: int, algorithm: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The quickstart with `rollout.engine: vllm` (colocated: a vLLM engine in the actor's process,
+    refreshed after every update) through `rlhf run` in the vLLM env, `algorithm` merged into
+    `spec.algorithm`; its step records."""
     import yaml
 
     doc = yaml.safe_load(QUICKSTART.read_text())
     doc["spec"]["rollout"]["engine"] = "vllm"
+    doc["spec"]["algorithm"].update(algorithm or {})
     doc["spec"]["model"]["path"] = str(tiny_model_dir)
     doc["spec"]["data"]["path"] = str(tmp_path / "prompts.jsonl")
     doc["spec"]["output"] = {"dir": str(tmp_path / "run"), "report": False, "progress": False}
-    manifest = tmp_path / "quickstart-vllm.yaml"
+    manifest = tmp_path / f"{name}.yaml"
     manifest.write_text(yaml.safe_dump(doc))
-    steps = 30
     res = subprocess.run(
         [_vllm_python(), "-m", "rlhf_trainer.cli", "run", str(manifest), "--steps", str(steps)],
         capture_output=True,
@@ -172,6 +175,13 @@ def test_quickstart_learns_with_vllm(tiny_model_dir, tmp_path):
     assert res.returncode == 0, res.stderr[-6000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == steps
+    return rows
+
+
+def test_quickstart_learns_with_vllm(tiny_model_dir, tmp_path):
+    """The quickstart with `rollout.engine: vllm` through `rlhf run`: the mean reward rises."""
+    steps = 30
+    rows = _quickstart_with_vllm(tiny_model_dir, tmp_path, "quickstart-vllm", steps)
     rewards = [r["reward/mean"] for r in rows]
     first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
     assert last > first + 0.2, (
@@ -190,28 +200,9 @@ def test_quickstart_learns_with_vllm_and_the_rollout_correction(tiny_model_dir, 
     kernels are not the trainer's, so the correction has something to correct)."""
     import math
 
-    import yaml
-
-    doc = yaml.safe_load(QUICKSTART.read_text())
-    doc["spec"]["rollout"]["engine"] = "vllm"
-    doc["spec"]["algorithm"]["rolloutCorrection"] = {"enabled": True, "level": "token", "mode": "truncate"}
-    doc["spec"]["model"]["path"] = str(tiny_model_dir)
-    doc["spec"]["data"]["path"] = str(tmp_path / "prompts.jsonl")
-    doc["spec"]["output"] = {"dir": str(tmp_path / "run"), "report": False, "progress": False}
-    manifest = tmp_path / "quickstart-vllm-correction.yaml"
-    manifest.write_text(yaml.safe_dump(doc))
     steps = 30
-    res = subprocess.run(
-        [_vllm_python(), "-m", "rlhf_trainer.cli", "run", str(manifest), "--steps", str(steps)],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        cwd=tmp_path,
-        timeout=1500,
-    )
-    assert res.returncode == 0, res.stderr[-6000:]
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == steps
+    correction = {"rolloutCorrection": {"enabled": True, "level": "token", "mode": "truncate"}}
+    rows = _quickstart_with_vllm(tiny_model_dir, tmp_path, "quickstart-vllm-correction", steps, correction)
     rewards = [r["reward/mean"] for r in rows]
     first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
     keys = ("rollout/is_weight_mean", "rollout/is_weight_min", "rollout/is_weight_max")

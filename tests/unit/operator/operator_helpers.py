@@ -19,6 +19,13 @@ BASE_SPEC: dict[str, Any] = {
     "reward": {"functions": [{"path": "rewards.math:exact"}]},
     "algorithm": {"name": "grpo"},
     "image": "trainer:test",
+    # The run and checkpoint directories (relative: below /workspace) on one claim every pod mounts
+    # (`storage.cluster_storage_findings`); FakeKube holds it as ReadWriteMany (`WORK_CLAIM`).
+    "pod": {
+        "volumes": [
+            {"name": "work", "mountPath": "/workspace", "persistentVolumeClaim": {"claimName": "work"}}
+        ]
+    },
     "nodePools": [
         {
             "name": "h100",
@@ -43,6 +50,19 @@ BASE_SPEC: dict[str, Any] = {
     },
     "failurePolicy": {"maxRestarts": 2, "backoffSeconds": 10, "maxBackoffSeconds": 60},
     "scheduling": {"timeoutSeconds": 60},
+}
+
+
+#: BASE_SPEC without its volumes: the pod builders' tests see only what the operator mounts.
+NO_VOLUMES_SPEC: dict[str, Any] = {k: v for k, v in BASE_SPEC.items() if k != "pod"}
+
+#: The claim BASE_SPEC's pods share, as the API server stores it.
+WORK_CLAIM: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "PersistentVolumeClaim",
+    "metadata": {"name": "work", "namespace": "ns"},
+    "spec": {"accessModes": ["ReadWriteMany"]},
+    "status": {"phase": "Bound", "accessModes": ["ReadWriteMany"]},
 }
 
 

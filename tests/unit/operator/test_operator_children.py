@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from operator_helpers import BASE_SPEC, job
+from operator_helpers import BASE_SPEC, NO_VOLUMES_SPEC, job
 
 from rlhf_api.fields import to_dict
 from rlhf_api.loader import parse_job, parse_spec
@@ -32,7 +32,7 @@ JOB_LABELS = {
 
 
 def _job(**spec_updates: Any):
-    return parse_job(job(**spec_updates))
+    return parse_job(job(spec=NO_VOLUMES_SPEC, **spec_updates))
 
 
 def _meta(name: str, **extra_labels: str) -> dict[str, Any]:

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_helpers import at, job, merge_patch
+from operator_helpers import WORK_CLAIM, at, job, merge_patch
 
-from rlhf_operator import crd, kube, kueue, parse_cache
+from rlhf_operator import crd, kube, kueue, parse_cache, reconcile
 from rlhf_operator.cache import PodCache
 from rlhf_operator.executor import Executor
+from rlhf_operator.status import get_condition
 
 
 class Crash(Exception):
@@ -36,6 +37,8 @@ class FakeKube:
         #: Objects the API server refuses to create, by name: (HTTP status, server message).
         self.reject: dict[str, tuple[int, str]] = {}
         self.events: list[tuple[str, str, str]] = []
+        #: Claims the namespace holds, by name (read, never created by the operator).
+        self.claims: dict[str, dict[str, Any]] = {"work": copy.deepcopy(WORK_CLAIM)}
 
     def _bump(self) -> None:
         assert self.job is not None
@@ -48,6 +51,9 @@ class FakeKube:
         return [copy.deepcopy(o) for (k, _), o in sorted(self.objects.items()) if k == "Pod"]
 
     def get(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        if obj["kind"] == "PersistentVolumeClaim":
+            claim = self.claims.get(obj["metadata"]["name"])
+            return copy.deepcopy(claim) if claim is not None else None
         stored = self.objects.get((obj["kind"], obj["metadata"]["name"]))
         return copy.deepcopy(stored) if stored is not None else None
 
@@ -146,6 +152,27 @@ def test_first_pass_writes_status_before_creating_children() -> None:
     ]
     assert kinds[7] == "status Pending"
     assert sum(1 for e in kinds if e.startswith("create Pod")) == 6
+
+
+def test_a_claim_that_is_not_read_write_many_holds_the_gang_back_until_it_is() -> None:
+    """The executor reads the claim the checkpoints lie on (`storage.shared_claims`) and hands its
+    access modes to the plan: ReadWriteOnce for three writer pods creates no pod and names the
+    claim; once the claim is ReadWriteMany, the next pass creates the gang (nothing else changed)."""
+    fake = FakeKube(job())
+    fake.claims["work"]["status"]["accessModes"] = ["ReadWriteOnce"]
+    out = run(Executor(fake))  # type: ignore[arg-type]
+    assert not any(e.startswith("create Pod") for e in fake.log)
+    assert out.requeue_after == reconcile.CLAIM_RECHECK_SECONDS and out.invalid is None
+    assert fake.job is not None
+    got = get_condition(fake.job["status"], "StorageNotShared")
+    assert got is not None and got["status"] == "True"
+    assert "persistentVolumeClaim 'work' with access mode ReadWriteOnce" in got["message"]
+    assert fake.job["status"]["phase"] == "Pending"
+    fake.claims["work"]["status"]["accessModes"] = ["ReadWriteMany"]
+    run(Executor(fake))  # type: ignore[arg-type]
+    assert sum(1 for e in fake.log if e.startswith("create Pod")) == 6
+    got = get_condition(fake.job["status"], "StorageNotShared")
+    assert got is not None and got["status"] == "False"
 
 
 def test_a_stale_status_write_does_nothing_else_and_asks_for_a_retry() -> None:

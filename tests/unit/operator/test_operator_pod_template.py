@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from operator_helpers import BASE_SPEC, job
+from operator_helpers import BASE_SPEC, NO_VOLUMES_SPEC, job
 
 from rlhf_api import contract
 from rlhf_api.contract import GROUP
@@ -43,7 +43,7 @@ WORK_PVC = {"name": "work", "mountPath": "/workspace", "persistentVolumeClaim": 
 
 
 def _build(spec_updates: dict[str, Any], role: str, index: int = 0) -> dict[str, Any]:
-    return children.build_pod(parse_job(job(**spec_updates)), role, index)
+    return children.build_pod(parse_job(job(spec=NO_VOLUMES_SPEC, **spec_updates)), role, index)
 
 
 def _roles(**per_role: dict[str, Any]) -> dict[str, Any]:
@@ -207,7 +207,7 @@ def test_the_validators_view_of_a_pods_filesystem_is_the_pod_built(
     case: str, updates: dict[str, Any], role: str, volumes: Any, mounts: Any
 ) -> None:
     """`spec.pod_mounts` (what `rlhf validate --cluster` checks) lists exactly the pod's mounts."""
-    j = parse_job(job(**updates))
+    j = parse_job(job(spec=NO_VOLUMES_SPEC, **updates))
     built = children.build_pod(j, role)
     seen = {(m["name"], m["mountPath"]) for m in built["spec"]["containers"][0]["volumeMounts"]}
     assert {(m.volume, m.path) for m in pod_mounts(j.spec, role)} == seen

@@ -11,7 +11,18 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from operator_helpers import T0, at, job, names, phase, running, scheduled, unschedulable, with_record
+from operator_helpers import (
+    BASE_SPEC,
+    T0,
+    at,
+    job,
+    names,
+    phase,
+    running,
+    scheduled,
+    unschedulable,
+    with_record,
+)
 
 from rlhf_api.loader import parse_job
 from rlhf_api.status import rfc3339
@@ -47,10 +58,16 @@ def pods_(b: dict[str, Any], attempt: int = 0, state: State = running, **by_name
 
 
 def run_to(
-    step: pass_state.Step, b: dict[str, Any], pods: list[Pod], t: float = 0
+    step: pass_state.Step,
+    b: dict[str, Any],
+    pods: list[Pod],
+    t: float = 0,
+    claims: dict[str, list[str] | None] | None = None,
 ) -> tuple[pass_state.Pass, bool]:
-    """The pass up to `step` (each earlier step must hand on), then `step`: (pass, whether it ended)."""
+    """The pass up to `step` (each earlier step must hand on), then `step`: (pass, whether it ended);
+    `claims`: the access modes of the claims as the executor read them (None: not read)."""
     p = pass_state.Pass.start(b, pods, at(t))
+    p.claims = claims
     for s in reconcile.STEPS:
         if s is step:
             return p, step(p)
@@ -111,6 +128,7 @@ def foreign(p: Pod) -> Pod:
     return p
 
 
+CKPT_PVC = {"name": "c", "mountPath": "/ckpt", "persistentVolumeClaim": {"claimName": "c"}}
 RUNNING_TRUE = [{"type": "Running", "status": "True", "reason": "AllRunning", "lastTransitionTime": "x"}]
 
 
@@ -148,6 +166,42 @@ PARSE = [
         body_(None, algorithm={"name": "nope"}),
         (DONE, "Failed", "spec.algorithm.name", T0),
     ),
+    (
+        "checkpoints on each pod's own emptyDir (no shared volume): the storage rule of rlhf validate --cluster",
+        body_(None, pod={}),
+        (
+            DONE,
+            "Failed",
+            "spec.checkpoint.dir: '<output.dir>/checkpoints' (/workspace/runs/j/checkpoints in the "
+            "pods) is on the emptyDir 'workspace' of the controller pod and actor pods: every pod has its own",
+            T0,
+        ),
+    ),
+    (
+        "checkpoints on the read-only root filesystem",
+        body_(None, checkpoint={"dir": "/ckpt"}),
+        (DONE, "Failed", "spec.checkpoint.dir: '/ckpt' is on the read-only root filesystem", T0),
+    ),
+    (
+        "the claim in the actor pods only",
+        body_(
+            None,
+            pod={},
+            checkpoint={"dir": "/ckpt"},
+            output={"dir": "/ckpt/runs/{name}"},
+            roles={
+                **BASE_SPEC["roles"],
+                "actor": {**BASE_SPEC["roles"]["actor"], "pod": {"volumes": [CKPT_PVC]}},
+            },
+        ),
+        (
+            DONE,
+            "Failed",
+            "spec.checkpoint.dir: '/ckpt' is on the read-only root filesystem of the controller pod",
+            T0,
+        ),
+    ),
+    ("a claim all pods mount (BASE_SPEC)", body_(None), (NEXT, "Pending", None, None)),
 ]
 
 
@@ -468,6 +522,56 @@ def test_act_on_failures(phase_: str, restarts: int, pods: list[Pod], want: tupl
     assert (ended, p.status["phase"], p.status["restarts"], names(p.plan.delete), events(p)) == want
 
 
+def creating(p: Pod) -> Pod:
+    """Bound at T0, its sandbox ready, its containers still being created: a multi-GB image pull."""
+    p = scheduled(p)
+    p["status"]["conditions"][0]["lastTransitionTime"] = rfc3339(T0)
+    p["status"]["conditions"].append({"type": "PodReadyToStartContainers", "status": "True"})
+    p["status"]["containerStatuses"] = [
+        {"name": "trainer", "state": {"waiting": {"reason": "ContainerCreating"}}}
+    ]
+    return p
+
+
+# A slow pull against the start timeout: BASE_SPEC's scheduling.timeoutSeconds is 60, its
+# imagePullTimeoutSeconds the default 1800. (case, actor-0's state, t) -> (ended, phase, restarts,
+# events, requeue after report_problems)
+SLOW_PULL = [
+    (
+        "pulling 10 min, past the start timeout: no failure",
+        creating,
+        600,
+        (NEXT, "Scheduling", 0, [], 1200.0),
+    ),
+    (
+        "pulling past imagePullTimeoutSeconds: a start failure, the gang restarts",
+        creating,
+        1800,
+        (DONE, "Restarting", 1, ["GangRestart"], 10.0),
+    ),
+    (
+        "a pull error stays a failure (no gang restart: the job fails)",
+        pulling,
+        61,
+        (DONE, "Failed", 0, ["ImagePullFailed"], None),
+    ),
+]
+
+
+@pytest.mark.parametrize("state,t,want", [c[1:] for c in SLOW_PULL], ids=[c[0] for c in SLOW_PULL])
+def test_a_slow_image_pull_is_not_a_start_timeout(state: State, t: float, want: tuple[Any, ...]) -> None:
+    b = body_("Scheduling", conditions=scheduled_clock(0))
+    pods = pods_(B, j_actor_0=state)
+    p, ended = run_to(reconcile.act_on_failures, b, pods, t=t)
+    if ended is NEXT:
+        assert reconcile.report_problems(p) is NEXT
+    got = (ended, p.status["phase"], p.status["restarts"], events(p), p.plan.requeue_after)
+    assert got == want
+    if want[1] == "Restarting":
+        message = p.condition("Restarting")["message"]
+        assert "spec.scheduling.imagePullTimeoutSeconds" in message and "(image 'trainer:test')" in message
+
+
 # -- report_problems: (case, conditions, pods, t) -> (PodFailure, events, requeue) ---------------------
 
 REPORTED = [
@@ -526,6 +630,100 @@ def test_restart_backoff(phase_: str, t: float, want: tuple[bool, float | None])
     pods = pods_(b, 1) if phase_ == "Running" else []
     p, ended = run_to(reconcile.restart_backoff, b, pods, t)
     assert (ended, p.plan.requeue_after) == want
+
+
+# -- shared_storage: (case, phase, claims read, spec) -> (ended, StorageNotShared, message mentions,
+#    events, requeue); BASE_SPEC's checkpoints are on claim "work", written by the controller and 2 actor pods
+
+RWX, RWO = ["ReadWriteMany"], ["ReadWriteOnce"]
+NOT_SHARED_TRUE = [
+    {
+        "type": "StorageNotShared",
+        "status": "True",
+        "reason": "ClaimNotShared",
+        "lastTransitionTime": "x",
+        "message": "old",
+    }
+]
+SHARED = [
+    ("ReadWriteMany: the pods are created", "Pending", {"work": RWX}, {}, (NEXT, None, None, [], None)),
+    (
+        "ReadWriteOnce for three pods: no pod, the claim and its mode named",
+        "Pending",
+        {"work": RWO},
+        {},
+        (
+            DONE,
+            ("True", "ClaimNotShared"),
+            "spec.checkpoint.dir: '<output.dir>/checkpoints' (/workspace/runs/j/checkpoints in the pods) is on the "
+            "persistentVolumeClaim 'work' with access mode ReadWriteOnce, which the controller pod and actor pods "
+            "cannot all write: every restart would fail at its first checkpoint; valid: a claim with access mode "
+            "ReadWriteMany (so that pods on different nodes all mount it), or all trained roles and the controller "
+            "in one pod; no pod is created until then",
+            ["ClaimNotShared"],
+            reconcile.CLAIM_RECHECK_SECONDS,
+        ),
+    ),
+    (
+        "ReadWriteOncePod is not shared either",
+        "Restarting",
+        {"work": ["ReadWriteOncePod"]},
+        {},
+        (DONE, ("True", "ClaimNotShared"), "with access mode ReadWriteOncePod", ["ClaimNotShared"], 15.0),
+    ),
+    (
+        "the claim does not exist",
+        "Pending",
+        {"work": None},
+        {},
+        (
+            DONE,
+            ("True", "ClaimNotShared"),
+            "persistentVolumeClaim 'work', which does not exist; create it",
+            ["ClaimNotShared"],
+            15.0,
+        ),
+    ),
+    (
+        "fixed: the condition turns False and the pods are created",
+        "Pending",
+        {"work": ["ReadWriteOnce", "ReadWriteMany"]},
+        {"conditions": NOT_SHARED_TRUE},
+        (NEXT, ("False", "ClaimsShared"), None, [], None),
+    ),
+    (
+        "still not shared: no second Event for the same message",
+        "Pending",
+        {"work": RWO},
+        {"conditions": [{**NOT_SHARED_TRUE[0], "message": None}]},
+        (DONE, ("True", "ClaimNotShared"), "access mode ReadWriteOnce", [], 15.0),
+    ),
+    ("claims not read: nothing checked", "Pending", None, {}, (NEXT, None, None, [], None)),
+    ("Running: the gang exists, nothing to gate", "Running", {"work": RWO}, {}, (NEXT, None, None, [], None)),
+]
+
+
+@pytest.mark.parametrize("phase_,claims,extra,want", [c[1:] for c in SHARED], ids=[c[0] for c in SHARED])
+def test_shared_storage(
+    phase_: str, claims: dict[str, Any] | None, extra: dict[str, Any], want: tuple[Any, ...]
+) -> None:
+    b = body_(phase_, restarts=1 if phase_ == "Restarting" else 0, conditions=restarting_since(-100))
+    if extra.get("conditions"):
+        b["status"]["conditions"] += copy.deepcopy(extra["conditions"])
+    if extra.get("conditions") and extra["conditions"][0]["message"] is None:  # the message it will write
+        p0, _ = run_to(reconcile.shared_storage, body_(phase_), [], claims=claims)
+        b["status"]["conditions"][-1]["message"] = p0.condition("StorageNotShared")["message"]
+    pods = pods_(b) if phase_ == "Running" else []
+    p, ended = run_to(reconcile.shared_storage, b, pods, claims=claims)
+    got = p.condition("StorageNotShared")
+    mentions = want[2]
+    assert (ended, cond(p, "StorageNotShared"), events(p), p.plan.requeue_after) == (
+        want[0],
+        want[1],
+        want[3],
+        want[4],
+    )
+    assert mentions is None or mentions in got["message"], got
 
 
 # -- rollout_fleet: (case, rollout status, pods) -> (generation, ready, to create, leaving, events) ----
