@@ -28,6 +28,7 @@ names the container that failed them.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,14 +210,7 @@ def diagnose(
     name = meta.get("name", "")
     if status.get("phase") in ("Failed", "Succeeded") or meta.get("deletionTimestamp"):
         return None
-    since = bound_at(pod)
-
-    def problem(
-        container: str, reason: str, kubelet: str, subject: str, detail: str, definite: bool, image: str = ""
-    ) -> PodProblem:
-        return PodProblem(
-            name, container, reason, kubelet, subject, f"{subject}: {detail}", definite, since, image
-        )
+    problem = functools.partial(_problem, name, bound_at(pod))
 
     for what, cs in _statuses(pod):
         container = str(cs.get("name") or "")
@@ -251,30 +245,52 @@ def diagnose(
     if start_timeout_seconds is not None:
         left = seconds_to_start_timeout(pod, now, start_timeout_seconds, pull_timeout_seconds)
         if left is not None and left <= 0:
-            node = (pod.get("spec") or {}).get("nodeName")
-            waiting_on = [
-                f"{cs.get('name')} {(cs.get('state') or {}).get('waiting', {}).get('reason') or 'waiting'}"
-                for _, cs in _statuses(pod)
-                if (cs.get("state") or {}).get("waiting")
-            ]
-            bound = start_timeout(pod, start_timeout_seconds, pull_timeout_seconds)
-            if bound != start_timeout_seconds:  # the image-pull timeout: name the images
-                creating = [
-                    f"{cs.get('name')} {cs['state']['waiting']['reason']} (image {_image(pod, str(cs.get('name') or ''), cs)!r})"
-                    for _, cs in _statuses(pod)
-                ]
-                detail = (
-                    f"bound to node {node} but not Running after {bound}s (spec.scheduling.imagePullTimeoutSeconds); "
-                    f"still being created (pulling its image or mounting its volumes): {', '.join(creating)}"
-                )
-            else:
-                detail = (
-                    f"bound to node {node} but not Running after {bound}s (spec.scheduling.timeoutSeconds)"
-                )
-                if waiting_on:
-                    detail += f"; waiting: {', '.join(waiting_on)}"
+            detail = _start_timeout_detail(pod, start_timeout_seconds, pull_timeout_seconds)
             return problem("", POD_START_TIMEOUT, "Pending", f"pod {name}", detail, True)
     return None
+
+
+def _problem(
+    pod: str,
+    since: dt.datetime | None,
+    container: str,
+    reason: str,
+    kubelet: str,
+    subject: str,
+    detail: str,
+    definite: bool,
+    image: str = "",
+) -> PodProblem:
+    return PodProblem(
+        pod, container, reason, kubelet, subject, f"{subject}: {detail}", definite, since, image
+    )
+
+
+def _start_timeout_detail(
+    pod: dict[str, Any], start_timeout_seconds: int, pull_timeout_seconds: int | None
+) -> str:
+    """What a pod past its start bound is waiting on: its images, past the image-pull timeout;
+    else its waiting containers."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    bound = start_timeout(pod, start_timeout_seconds, pull_timeout_seconds)
+    if bound != start_timeout_seconds:  # the image-pull timeout: name the images
+        creating = [
+            f"{cs.get('name')} {cs['state']['waiting']['reason']} (image {_image(pod, str(cs.get('name') or ''), cs)!r})"
+            for _, cs in _statuses(pod)
+        ]
+        return (
+            f"bound to node {node} but not Running after {bound}s (spec.scheduling.imagePullTimeoutSeconds); "
+            f"still being created (pulling its image or mounting its volumes): {', '.join(creating)}"
+        )
+    detail = f"bound to node {node} but not Running after {bound}s (spec.scheduling.timeoutSeconds)"
+    waiting_on = [
+        f"{cs.get('name')} {(cs.get('state') or {}).get('waiting', {}).get('reason') or 'waiting'}"
+        for _, cs in _statuses(pod)
+        if (cs.get("state") or {}).get("waiting")
+    ]
+    if waiting_on:
+        detail += f"; waiting: {', '.join(waiting_on)}"
+    return detail
 
 
 def _exit_kind(terminated_reason: str) -> str:
