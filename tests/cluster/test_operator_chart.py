@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -169,7 +170,9 @@ def _old_layout_chart(tmp: Path) -> Path:
     # The rules that came with the field go with it (the API server refuses a rule naming a field
     # its schema lacks).
     spec["x-kubernetes-validations"] = [
-        r for r in spec.get("x-kubernetes-validations", []) if "self.pod." not in r["rule"]
+        r
+        for r in spec.get("x-kubernetes-validations", [])
+        if not re.search(r"(?<![\w.])(self|oldSelf)\.pod\b", r["rule"]) and r.get("fieldPath") != ".pod"
     ]
     del doc["metadata"]["annotations"]
     path.write_text(yaml.safe_dump(doc, sort_keys=False))

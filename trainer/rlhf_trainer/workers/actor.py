@@ -202,7 +202,7 @@ class ActorWorker(TrainableWorker):
         `temperature`: in place of the rollout's (the evaluation's own; None: the rollout's)."""
         if self.engine is None:
             raise RuntimeError("ActorWorker.generate: this actor has no engine (placement is not colocated)")
-        self.seed_generation(step)
+        self.seed_generation(self.engine, step)
         episodes = self.episodes()
         if hasattr(self.engine, "llm"):  # vLLM runs its own dtype: no autocast around its forward
             out = episodes.generate(

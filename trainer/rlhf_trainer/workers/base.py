@@ -63,12 +63,12 @@ class Worker:
     def seed(self, step: int, stream: int = 0) -> None:
         distributed.seed_everything(distributed.step_seed(self.spec.training.seed, step, self.rank, stream))
 
-    def seed_generation(self, step: int) -> None:
-        """Seed the generation of `step`'s samples: the engine's sampler (stream 1), and Python's,
+    def seed_generation(self, engine: Any, step: int) -> None:
+        """Seed the generation of `step`'s samples: `engine`'s sampler (stream 1), and Python's,
         NumPy's and torch's global generators (stream 2), which a multi-turn environment's
         `step` draws from. A resumed run then replays the step's episodes, the environment's
         draws included, whichever step its process starts at (`rollout.multiturn`)."""
-        self.engine.set_seed(distributed.step_seed(self.spec.training.seed, step, self.rank, stream=1))
+        engine.set_seed(distributed.step_seed(self.spec.training.seed, step, self.rank, stream=1))
         self.seed(step, stream=2)
 
     def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:

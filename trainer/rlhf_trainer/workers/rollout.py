@@ -118,7 +118,7 @@ class RolloutWorker(Worker):
         induce load on the fleet)."""
         if delay_per_prompt > 0:
             time.sleep(delay_per_prompt * len(prompt_ids))
-        self.seed_generation(step)
+        self.seed_generation(self.engine, step)
         out = self.episodes.generate(
             self.engine, prompt_ids, n, greedy=greedy, temperature=temperature
         ).to_dict()
