@@ -37,7 +37,7 @@ import pytest
 import yaml
 from harness import Cluster, ClusterError, assets_dir, helm_capabilities, wait_for
 from realnode import NODE_NAME, POOL, POOL_LABEL, TAINT_KEY, TOLERATION
-from test_operator_e2e import CHART, installed  # noqa: F401  (installed is a fixture)
+from test_operator_e2e import CHART, ROOT, installed  # noqa: F401  (installed is a fixture)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode, pytest.mark.timeout(1800)]
 
@@ -516,3 +516,75 @@ def test_missing_image_is_reported_and_fails_the_job(
     assert image in event["message"] and f"{name}-" in event["message"]
     final = job.wait(lambda: job.status().get("phase") == "Failed" and job.status(), "Failed", timeout=180)
     assert int(final.get("restarts") or 0) == 0  # a missing image fails the same on every restart
+
+
+# --------------------------------------------------------------------------------------------------
+# Multi-turn tool use through the operator
+
+MT_STEPS = 30
+
+
+@pytest.fixture(scope="module")
+def calculator_workspace() -> Iterator[Path]:
+    """The multi-turn example's model (tiny-calculator, warmed up to call the tool about a quarter
+    of the time) and prompts, on a hostPath the job's pods share."""
+    from rlhf_api.sections import ModelSpec
+    from rlhf_trainer.bootstrap import ensure_model, write_prompts
+
+    root = Path(f"/tmp/rlhf-rn-calculator-{uuid.uuid4().hex[:6]}")
+    root.mkdir()
+    cached = Path("~/.cache/rlhf-operator/models/tiny-calculator").expanduser()
+    ensure_model(ModelSpec(path=str(cached), bootstrap="tiny-calculator"))
+    shutil.copytree(cached, root / "model")
+    write_prompts("tiny-calculator", root / "prompts.jsonl", 1024)
+    subprocess.run(["chown", "-R", "1000:1000", str(root)], check=True)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_multi_turn_example_learns_through_the_operator(
+    cluster: Cluster,
+    chart_operator: str,
+    images: dict[str, str],
+    rn_namespace: str,
+    calculator_workspace: Path,
+) -> None:
+    """manifests/examples/multiturn-calculator.yaml's job (its rollout, reward and algorithm
+    sections as they are) on real pods of the operator, colocated: the episodes call the
+    calculator through the environment in the actor's pod, the job succeeds, and the tool-call
+    rate and the reward rise as they do under `rlhf run`."""
+    example = yaml.safe_load((ROOT / "manifests" / "examples" / "multiturn-calculator.yaml").read_text())
+    name = "rn-multiturn"
+    doc = job_manifest(
+        name,
+        images["trainer-cpu"],
+        calculator_workspace,
+        reward=example["spec"]["reward"],
+        algorithm=example["spec"]["algorithm"],
+        rollout=example["spec"]["rollout"],
+        training={**example["spec"]["training"], "steps": MT_STEPS},
+        checkpoint={"every": 10},
+    )
+    roles = doc["spec"]["roles"]
+    roles["placement"] = "colocated"
+    roles["actor"]["replicas"] = 1
+    roles["rollout"] = {"replicas": 0, "minReplicas": 0}
+    doc["spec"]["pod"]["env"] = []  # no rollout replicas: no weight sync to verify
+    t0 = time.monotonic()
+    cluster.kubectl("apply", "-n", rn_namespace, "-f", "-", input=yaml.safe_dump(doc))
+    job = Job(cluster, rn_namespace, name)
+    job.wait(lambda: job.status().get("phase") == "Succeeded", "Succeeded", timeout=1200)
+    rows = [r for r in read_metrics(calculator_workspace) if "multiturn/observed_fraction" in r]
+    assert len(rows) == MT_STEPS, len(rows)
+    called = [r["multiturn/observed_fraction"] for r in rows]
+    rewards = [r["reward/mean"] for r in rows]
+    first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
+    calls_first, calls_last = sum(called[:6]) / 6, sum(called[-6:]) / 6
+    print(
+        f"multi-turn on the real node: {time.monotonic() - t0:.0f} s; reward {first:.3f} -> {last:.3f}, "
+        f"tool calls {calls_first:.3f} -> {calls_last:.3f}, turns {rows[-1]['multiturn/turns_mean']:.2f}, "
+        f"environment tokens {rows[-1]['multiturn/env_token_fraction']:.3f} of the responses"
+    )
+    assert all(r["multiturn/env_token_fraction"] > 0 for r in rows[-6:])  # the tool answered in the pod
+    assert calls_last > calls_first + 0.2, (calls_first, calls_last)
+    assert last > first + 0.2, (first, last)
