@@ -132,22 +132,27 @@ def chart_operator(
         cluster.kubectl("delete", "namespace", operator_ns, "--wait=false", check=False)
 
 
-@pytest.fixture(scope="module")
-def workspace() -> Iterator[Path]:
-    """A host directory (the real node's hostPath) with the tiny model and its prompts, owned by
-    the pods' user (1000)."""
+def bootstrapped_workspace(recipe: str, prompts: int, prefix: str) -> Iterator[Path]:
+    """A host directory (the real node's hostPath) with `recipe`'s bootstrapped model and
+    `prompts` of its prompts, owned by the pods' user (1000); removed afterwards."""
     from rlhf_api.sections import ModelSpec
     from rlhf_trainer.bootstrap import ensure_model, write_prompts
 
-    root = Path(f"/tmp/rlhf-rn-workspace-{uuid.uuid4().hex[:6]}")
+    root = Path(f"/tmp/{prefix}-{uuid.uuid4().hex[:6]}")
     root.mkdir()
-    cached = Path("~/.cache/rlhf-operator/models/tiny-arithmetic").expanduser()
-    ensure_model(ModelSpec(path=str(cached), bootstrap="tiny-arithmetic"))
+    cached = Path(f"~/.cache/rlhf-operator/models/{recipe}").expanduser()
+    ensure_model(ModelSpec(path=str(cached), bootstrap=recipe))
     shutil.copytree(cached, root / "model")
-    write_prompts("tiny-arithmetic", root / "prompts.jsonl", 512)
+    write_prompts(recipe, root / "prompts.jsonl", prompts)
     subprocess.run(["chown", "-R", "1000:1000", str(root)], check=True)
     yield root
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def workspace() -> Iterator[Path]:
+    """The tiny-arithmetic model and its prompts on a hostPath the job's pods share."""
+    yield from bootstrapped_workspace("tiny-arithmetic", 512, "rlhf-rn-workspace")
 
 
 def job_manifest(name: str, image: str, workspace: Path, **overrides: Any) -> dict[str, Any]:
@@ -528,18 +533,7 @@ MT_STEPS = 30
 def calculator_workspace() -> Iterator[Path]:
     """The multi-turn example's model (tiny-calculator, warmed up to call the tool about a quarter
     of the time) and prompts, on a hostPath the job's pods share."""
-    from rlhf_api.sections import ModelSpec
-    from rlhf_trainer.bootstrap import ensure_model, write_prompts
-
-    root = Path(f"/tmp/rlhf-rn-calculator-{uuid.uuid4().hex[:6]}")
-    root.mkdir()
-    cached = Path("~/.cache/rlhf-operator/models/tiny-calculator").expanduser()
-    ensure_model(ModelSpec(path=str(cached), bootstrap="tiny-calculator"))
-    shutil.copytree(cached, root / "model")
-    write_prompts("tiny-calculator", root / "prompts.jsonl", 1024)
-    subprocess.run(["chown", "-R", "1000:1000", str(root)], check=True)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+    yield from bootstrapped_workspace("tiny-calculator", 1024, "rlhf-rn-calculator")
 
 
 def test_the_multi_turn_example_learns_through_the_operator(
