@@ -52,7 +52,7 @@ from test_realnode_job import (  # noqa: F401  (fixtures)
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode, pytest.mark.timeout(1500)]
 
 JOB = "rn-faults"
-STEPS = 100
+STEPS = 150
 CHECKPOINT_EVERY = 10
 
 
@@ -124,6 +124,13 @@ def complete_steps(workspace: Path) -> list[int]:
     )
 
 
+def steps_done(workspace: Path) -> int:
+    """Steps done, from the run's metrics log on the volume: the pace the faults are timed by.
+    `status.progress.step` lags it by up to the status writer's 10 s throttle, which on a quiet
+    machine is dozens of steps (and comparing the two sources raced: issue 24's CI failure)."""
+    return len(read_metrics(workspace))
+
+
 def restarts(job: Job) -> int:
     return int(job.status().get("restarts") or 0)
 
@@ -154,7 +161,7 @@ def test_sigkill_of_an_actor_container_restarts_the_gang_from_the_checkpoint(
 ) -> None:
     t0 = time.monotonic()
     job.wait(
-        lambda: job.step() >= CHECKPOINT_EVERY + 2,
+        lambda: steps_done(workspace) >= CHECKPOINT_EVERY + 2,
         f"past the checkpoint of step {CHECKPOINT_EVERY}",
         timeout=480,
     )
@@ -182,7 +189,7 @@ def test_sigkill_of_an_actor_container_restarts_the_gang_from_the_checkpoint(
     job.wait(lambda: restarts(job) == 1, "one gang restart", timeout=120)
     resumed = resumed_step(job)
     assert resumed >= newest_at_kill
-    job.wait(lambda: job.step() > resumed, "steps after the resume")
+    job.wait(lambda: steps_done(workspace) > resumed, "steps after the resume")
     print(
         f"SIGKILL -> resumed at step {resumed} (newest checkpoint at the kill: {newest_at_kill}); {time.monotonic() - t0:.0f} s"
     )
@@ -193,13 +200,13 @@ def test_sigterm_checkpoints_the_step_in_progress_and_loses_none(job: Job, works
 
     # Between two periodic checkpoints, so that only a checkpoint on SIGTERM can keep these steps.
     def between() -> bool:
-        done = len(read_metrics(workspace))
+        done = steps_done(workspace)
         return 3 <= done % CHECKPOINT_EVERY <= 6 and done > complete_steps(workspace)[-1]
 
     job.wait(between, "a step between two periodic checkpoints", timeout=240)
     before = job.pods()
     job.kubectl("delete", "pods", "-l", f"rlhf.dev/job-name={JOB}", "--wait=false")
-    done_at_sigterm = len(read_metrics(workspace))
+    done_at_sigterm = steps_done(workspace)
     job.wait(lambda: restarts(job) == 2, "the second gang restart", timeout=120)
     # Every old pod gone within its 30 s grace: the checkpoint was written before the SIGKILL.
     old_uids = {p["metadata"]["uid"] for p in before.values()}
@@ -212,7 +219,7 @@ def test_sigterm_checkpoints_the_step_in_progress_and_loses_none(job: Job, works
     assert saved >= done_at_sigterm and saved % CHECKPOINT_EVERY != 0, (saved, done_at_sigterm)
     resumed = resumed_step(job)
     assert resumed == saved
-    job.wait(lambda: job.step() > resumed, "steps after the resume")
+    job.wait(lambda: steps_done(workspace) > resumed, "steps after the resume")
     print(
         f"SIGTERM at step {done_at_sigterm}: checkpoint step {saved}, resumed there; {time.monotonic() - t0:.0f} s"
     )
@@ -223,7 +230,8 @@ def test_a_node_that_stops_answering_does_not_block_the_gang_restart(
 ) -> None:
     t0 = time.monotonic()
     job.wait(
-        lambda: job.step() >= (complete_steps(workspace) or [0])[-1] + 2, "training after the last resume"
+        lambda: steps_done(workspace) >= (complete_steps(workspace) or [0])[-1] + 2,
+        "training after the last resume",
     )
     old = attempt_pods(job, 2)
     assert len(old) == 6, sorted(old)
