@@ -138,6 +138,26 @@ def _failed_cause(pod: dict[str, Any], container_reason: str | None) -> str:
     return PROBLEM_CAUSES.get(container_reason or "", POD_FAILED)
 
 
+def _memory_hint(pod: dict[str, Any], role: str) -> str:
+    """For an OOMKilled pod: its container's memory limit and the field that sets it, e.g.
+    `; the memory limit is 128Mi (spec.roles.actor.resources.memory)`."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    limit = next(
+        (
+            c.get("resources", {}).get("limits", {}).get("memory")
+            for c in containers
+            if c.get("name") == "trainer"
+        ),
+        None,
+    )
+    field = (
+        "spec.controller.resources.memory"
+        if role == contract.CONTROLLER_ROLE
+        else f"spec.roles.{role}.resources.memory"
+    )
+    return f"; the memory limit is {limit} ({field})" if limit else f"; raise {field}"
+
+
 def _cause_and_code(cause: str, pod: dict[str, Any]) -> tuple[str, int | None]:
     code = pod_health.exit_code(pod) if cause in (CONTAINER_EXIT_CODE, OOM_KILLED) else None
     return cause, code
@@ -163,6 +183,8 @@ def pod_failure(
         reason = status.get("reason") or (container[0] if container else "PodFailed")
         detail = status.get("message") or (container[1] if container else "phase Failed")
         cause, code = _cause_and_code(_failed_cause(pod, container[0] if container else None), pod)
+        if cause == OOM_KILLED:
+            detail += _memory_hint(pod, role)
         return PodFailure(
             name,
             role,
@@ -191,7 +213,7 @@ def pod_failure(
         name,
         role,
         problem.reason,
-        problem.message,
+        problem.message + (_memory_hint(pod, role) if cause == OOM_KILLED else ""),
         restartable=problem.reason != pod_health.IMAGE_PULL_FAILED,
         act_in=_act_in(problem, now, start_timeout_seconds),
         subject=problem.subject,

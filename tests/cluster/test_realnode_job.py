@@ -17,7 +17,8 @@ in order:
    the exported model loads with from_pretrained and generates.
 
 A second job whose image does not exist is reported (condition, Warning Event naming the pod and
-the image) and failed by its failure policy.
+the image) and failed by its failure policy; a third, whose actor's memory limit the kernel
+enforces, is OOM-killed and failed by its rule, the message naming the limit and its field.
 """
 
 from __future__ import annotations
@@ -521,6 +522,47 @@ def test_missing_image_is_reported_and_fails_the_job(
     assert image in event["message"] and f"{name}-" in event["message"]
     final = job.wait(lambda: job.status().get("phase") == "Failed" and job.status(), "Failed", timeout=180)
     assert int(final.get("restarts") or 0) == 0  # a missing image fails the same on every restart
+
+
+def test_an_oom_killed_actor_is_reported_with_its_limit_and_fails_by_the_rule(
+    cluster: Cluster, chart_operator: str, images: dict[str, str], rn_namespace: str, workspace: Path
+) -> None:
+    """The kernel's OOM killer, for real: the actor's 128Mi memory limit (its cgroup on the real
+    node) cannot hold the trainer's imports, the kubelet reports the container OOMKilled, and the
+    job's rule `FailJob on OOMKilled` fails it at once (no restart would help), its condition and
+    a Warning Event naming the pod, the kill, the limit and the field to raise."""
+    name = "rn-oom"
+    doc = job_manifest(
+        name,
+        images["trainer-cpu"],
+        workspace,
+        failurePolicy={"maxRestarts": 2, "rules": [{"action": "FailJob", "onReasons": ["OOMKilled"]}]},
+    )
+    roles = doc["spec"]["roles"]
+    roles["actor"]["replicas"] = 1
+    roles["actor"]["resources"] = {"cpu": "100m", "memory": "128Mi"}
+    roles["rollout"]["replicas"] = 1
+    t0 = time.monotonic()
+    cluster.kubectl("apply", "-n", rn_namespace, "-f", "-", input=yaml.safe_dump(doc))
+    job = Job(cluster, rn_namespace, name)
+    final = job.wait(lambda: job.status().get("phase") == "Failed" and job.status(), "Failed", timeout=300)
+    messages = [c.get("message") or "" for c in final.get("conditions") or []]
+    print(f"OOM kill -> Failed in {time.monotonic() - t0:.0f} s: {messages}")
+    oom = [m for m in messages if "OOMKilled" in m]
+    assert oom, final
+    assert any(
+        f"{name}-actor-0" in m and "128Mi" in m and "spec.roles.actor.resources.memory" in m for m in oom
+    ), oom
+    assert int(final.get("restarts") or 0) == 0  # the rule failed it: no gang restart
+
+    events = cluster.request(
+        "GET",
+        f"/api/v1/namespaces/{rn_namespace}/events",
+        query={"fieldSelector": f"involvedObject.name={name},type=Warning"},
+    )["items"]
+    assert any("OOMKilled" in e["message"] and "128Mi" in e["message"] for e in events), [
+        e["message"] for e in events
+    ]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -23,6 +23,10 @@ worker by +15 by default so that its own daemons keep the CPU, but here the work
 (the actor's update, the rollout, the reward model), and a driver-side peer such as TRL runs at
 the driver's priority.
 
+A pod whose environment asks for token authentication (`RAY_AUTH_MODE=token`, set by the
+operator on every pod) refuses to start a Ray older than `MIN_TOKEN_AUTH_RAY`: such a Ray ignores
+the setting and its head would accept any client on the pod network (`check_token_auth`).
+
 Importing this module is cheap (stdlib and the pod contract only); Ray is imported by `main`.
 """
 
@@ -33,6 +37,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlhf_api import contract
+
+#: The first Ray that enforces `RAY_AUTH_MODE=token` (older ones ignore the variable); the trainer
+#: extra's lower bound in pyproject.toml (tests/unit/test_pins.py keeps the two equal).
+MIN_TOKEN_AUTH_RAY = (2, 52)
+
+#: The exit code of a pod whose Ray cannot enforce the token the operator gave it.
+EXIT_NO_TOKEN_AUTH = 3
 
 #: The raylet's own flag for the dashboard agent's HTTP port (Ray's CLI does not pass it).
 RAYLET_LISTEN_PORT_FLAG = "--dashboard_agent_listen_port"
@@ -106,8 +117,30 @@ def install(port: int, services: Any = None) -> bool:
     return True
 
 
+def check_token_auth(ray_version: str) -> str | None:
+    """Why this Ray cannot start here, or None: the pod asks for token authentication and
+    `ray_version` predates it."""
+    if contract.ENV_RAY_AUTH_MODE.get() != "token":
+        return None
+    parts = [int(p) if p.isdigit() else 0 for p in ray_version.split(".")[:2]]
+    if tuple(parts) >= MIN_TOKEN_AUTH_RAY:
+        return None
+    need = ".".join(map(str, MIN_TOKEN_AUTH_RAY))
+    return (
+        f"rlhf ray_node: this image's Ray is {ray_version}, which ignores RAY_AUTH_MODE=token "
+        f"(token authentication needs Ray >= {need}): its head would accept any client on the "
+        f"pod network. Build the image with ray>={need} (pip install 'rlhf-operator[trainer]')."
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    import ray
+
+    refused = check_token_auth(ray.__version__) if argv[:1] == ["start"] else None
+    if refused:
+        print(refused, file=sys.stderr)
+        return EXIT_NO_TOKEN_AUTH
     port = listen_port_of(argv)
     if port:
         install(port)

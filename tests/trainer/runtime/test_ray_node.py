@@ -275,3 +275,59 @@ def test_rlhf_runs_local_ray_workers_at_the_drivers_priority(short_tmp: Path):
     assert seen["project"][0] == seen["project"][1], (
         f"start_ray's actor and driver niceness: {seen['project']}"
     )
+
+
+@pytest.mark.parametrize(
+    "mode,version,refused",
+    [
+        ("token", "2.51.1", True),
+        ("token", "2.9.3", True),  # compared as numbers, not strings
+        ("token", "2.52.0", False),
+        ("token", "3.0.0", False),
+        (None, "2.40.0", False),  # no token asked for: nothing to enforce
+    ],
+)
+def test_a_ray_that_ignores_token_auth_is_refused(
+    monkeypatch: pytest.MonkeyPatch, mode: str | None, version: str, refused: bool
+) -> None:
+    if mode is None:
+        monkeypatch.delenv(contract.ENV_RAY_AUTH_MODE.name, raising=False)
+    else:
+        monkeypatch.setenv(contract.ENV_RAY_AUTH_MODE.name, mode)
+    why = ray_node.check_token_auth(version)
+    assert (why is not None) == refused
+    if why:
+        assert version in why and "ray>=2.52" in why
+
+
+def test_ray_start_exits_before_starting_when_its_ray_cannot_enforce_the_token(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The pod's `ray start` (through `main`) stops with its own exit code and the reason, before
+    Ray's CLI runs: nothing listens unauthenticated."""
+    import ray
+
+    monkeypatch.setenv(contract.ENV_RAY_AUTH_MODE.name, "token")
+    monkeypatch.setattr(ray, "__version__", "2.51.0")
+    started: list[str] = []
+    import ray.scripts.scripts as ray_scripts
+
+    monkeypatch.setattr(ray_scripts, "main", lambda: started.append("ray"))
+    assert ray_node.main(["start", "--head"]) == ray_node.EXIT_NO_TOKEN_AUTH
+    assert not started
+    assert "2.51.0" in capsys.readouterr().err
+
+
+def test_the_token_auth_floor_is_the_trainer_extras_lower_bound() -> None:
+    """One fact in two places: the Ray floor `ray_node` enforces and pyproject's `ray>=` bound."""
+    import tomllib
+    from packaging.requirements import Requirement
+
+    pyproject = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
+    (ray_req,) = [
+        Requirement(r)
+        for r in pyproject["project"]["optional-dependencies"]["trainer"]
+        if Requirement(r).name == "ray"
+    ]
+    (lower,) = [s.version for s in ray_req.specifier if s.operator == ">="]
+    assert tuple(int(p) for p in lower.split(".")[:2]) == ray_node.MIN_TOKEN_AUTH_RAY

@@ -413,7 +413,10 @@ def test_failed_pod_reason_and_message_name_the_container() -> None:
     pod = bound_pod(containers=[terminated("OOMKilled", 137)], phase="Failed")
     f = failure_policy.pod_failure(pod, at(5), 300)
     assert f is not None and f.reason == "OOMKilled" and f.restartable and f.acting
-    assert f.message == "pod j-actor-0 failed: container trainer exited with code 137 (OOMKilled)"
+    assert f.message == (
+        "pod j-actor-0 failed: container trainer exited with code 137 (OOMKilled); "
+        "raise spec.roles.actor.resources.memory"
+    )
     evicted = copy.deepcopy(pod)
     evicted["status"].update(reason="Evicted", message="The node was low on resource: memory.")
     f = failure_policy.pod_failure(evicted)

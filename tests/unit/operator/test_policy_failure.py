@@ -143,6 +143,29 @@ def test_pod_failure_reason_and_cause(
         assert f.cause in FAILURE_REASONS  # every cause is a word the rules can name
 
 
+@pytest.mark.parametrize(
+    "role,limits,hint",
+    [
+        ("actor", {"memory": "128Mi"}, "the memory limit is 128Mi (spec.roles.actor.resources.memory)"),
+        ("controller", {"memory": "2Gi"}, "the memory limit is 2Gi (spec.controller.resources.memory)"),
+        ("reward", {}, "raise spec.roles.reward.resources.memory"),
+    ],
+)
+def test_an_oom_kill_names_the_memory_limit_and_its_field(
+    role: str, limits: dict[str, str], hint: str
+) -> None:
+    """What a user raises after an OOM kill: the message says the limit and the manifest field."""
+    observed = pod("a", role=role, phase="Failed", containerStatuses=exited(137, "OOMKilled"))
+    observed["spec"]["containers"] = [{"name": "trainer", "resources": {"limits": limits}}]
+    f = failure_policy.pod_failure(observed)
+    assert f is not None and f.cause == "OOMKilled"
+    assert f.message == f"pod a failed: container trainer exited with code 137 (OOMKilled); {hint}"
+    # A container that failed otherwise gets no memory hint.
+    observed["status"]["containerStatuses"] = exited(3)
+    other = failure_policy.pod_failure(observed)
+    assert other is not None and "memory" not in other.message
+
+
 def test_missing_and_exited_workers_have_their_causes() -> None:
     assert failure_policy.missing_pod("j-actor-0", "actor").cause == "NodeLost"
     assert failure_policy.worker_exited("j-actor-0", "actor").cause == "WorkerExited"
