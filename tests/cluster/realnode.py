@@ -198,9 +198,15 @@ def _rmdir_tree(path: Path) -> None:
 # Configuration files
 
 
+def registry_hosts_dir(workdir: Path) -> Path:
+    """containerd's registry `config_path`: `<host:port>/hosts.toml` files read at each pull (none by
+    default: no registry can be reached; `slow_registry.SlowRegistry` adds one on loopback)."""
+    return workdir / "certs.d"
+
+
 def containerd_config(workdir: Path, root: Path, cni_bin: Path) -> str:
     """containerd 2.x (config version 3): its own root/state/socket, runc with cgroupfs, the local
-    pause image, CNI from workdir, and restrict_oom_score_adj (root here lacks CAP_SYS_RESOURCE)."""
+    pause image, registry hosts from workdir, CNI from workdir, and restrict_oom_score_adj (root here lacks CAP_SYS_RESOURCE)."""
     cri_runtime = "plugins.'io.containerd.cri.v1.runtime'"
     cri_images = "plugins.'io.containerd.cri.v1.images'"
     return f"""version = 3
@@ -216,6 +222,8 @@ state = "{workdir / "cs"}"
   snapshotter = "overlayfs"
   [{cri_images}.pinned_images]
     sandbox = "{PAUSE_IMAGE}"
+  [{cri_images}.registry]
+    config_path = "{registry_hosts_dir(workdir)}"
 [{cri_runtime}]
   enable_selinux = false
   restrict_oom_score_adj = true
@@ -338,6 +346,10 @@ class RealNode:
     @property
     def socket(self) -> Path:
         return self.workdir / "containerd.sock"
+
+    @property
+    def registry_hosts_dir(self) -> Path:
+        return registry_hosts_dir(self.workdir)
 
     @classmethod
     def start(cls, cluster: Cluster, *, timeout: float = 120) -> RealNode:

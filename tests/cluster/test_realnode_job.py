@@ -18,7 +18,8 @@ in order:
 
 A second job whose image does not exist is reported (condition, Warning Event naming the pod and
 the image) and failed by its failure policy; a third, whose actor's memory limit the kernel
-enforces, is OOM-killed and failed by its rule, the message naming the limit and its field.
+enforces, is OOM-killed and failed by its rule, the message naming the limit and its field; a
+fourth pulls its image from a registry slower than its start timeout and still succeeds.
 """
 
 from __future__ import annotations
@@ -524,6 +525,67 @@ def test_missing_image_is_reported_and_fails_the_job(
     assert int(final.get("restarts") or 0) == 0  # a missing image fails the same on every restart
 
 
+SLOW_LAYER_BYTES = 3 * 1024 * 1024
+SLOW_RATE = 32 * 1024  # bytes/s: the new layer takes about 96 s
+START_TIMEOUT = 20
+
+
+def test_an_image_pull_slower_than_the_start_timeout_is_no_failure(
+    cluster: Cluster,
+    chart_operator: str,
+    images: dict[str, str],
+    rn_namespace: str,
+    workspace: Path,
+    real_node: Any,
+) -> None:
+    """The node pulls the job's image from a registry that sends its one new layer for much longer
+    than `scheduling.timeoutSeconds`: a pod pulling its image is making progress
+    (`imagePullTimeoutSeconds` bounds it, 1800 s by default), so the job reaches Running with no
+    failure and no restart, and succeeds."""
+    from slow_registry import SlowRegistry
+
+    name = "rn-slowpull"
+    with SlowRegistry(
+        real_node, images["trainer-cpu"], layer_bytes=SLOW_LAYER_BYTES, rate=SLOW_RATE
+    ) as registry:
+        doc = job_manifest(
+            name,
+            registry.ref,
+            workspace,
+            scheduling={"timeoutSeconds": START_TIMEOUT},
+            checkpoint={"every": 3},
+            output={"dir": "run-slowpull"},  # not the first job's run directory
+        )
+        doc["spec"]["training"]["steps"] = 6
+        doc["spec"]["roles"]["actor"]["replicas"] = 1
+        doc["spec"]["roles"]["rollout"]["replicas"] = 1
+        t0 = time.monotonic()
+        cluster.kubectl("apply", "-n", rn_namespace, "-f", "-", input=yaml.safe_dump(doc))
+        job = Job(cluster, rn_namespace, name)
+        try:
+            job.wait(lambda: job.status().get("phase") == "Running", "Running", timeout=600)
+            t_running = time.monotonic() - t0
+            final = job.wait(
+                lambda: job.status().get("phase") in ("Succeeded", "Failed") and job.status(),
+                "finished",
+                timeout=600,
+            )
+        finally:
+            real_node.ctr("images", "rm", registry.ref, check=False)
+    slow = [(path, size, secs) for path, size, secs in registry.sent if registry.slow_digest in path]
+    print(
+        f"slow pull: the new layer ({SLOW_LAYER_BYTES} bytes) sent in {[round(s) for _, _, s in slow]} s; "
+        f"Running after {t_running:.0f} s (start timeout {START_TIMEOUT} s); {final.get('phase')}; "
+        f"blobs sent: {[(p.rsplit('/', 1)[-1][:19], n) for p, n, _ in registry.sent]}"
+    )
+    assert slow and slow[0][2] > 2 * START_TIMEOUT, registry.sent  # the pull outlasted the timeout
+    assert final["phase"] == "Succeeded", final
+    assert int(final.get("restarts") or 0) == 0
+    assert not [
+        c for c in final.get("conditions") or [] if c["type"] == "PodFailure" and c["status"] == "True"
+    ]
+
+
 def test_an_oom_killed_actor_is_reported_with_its_limit_and_fails_by_the_rule(
     cluster: Cluster, chart_operator: str, images: dict[str, str], rn_namespace: str, workspace: Path
 ) -> None:
@@ -537,6 +599,7 @@ def test_an_oom_killed_actor_is_reported_with_its_limit_and_fails_by_the_rule(
         images["trainer-cpu"],
         workspace,
         failurePolicy={"maxRestarts": 2, "rules": [{"action": "FailJob", "onReasons": ["OOMKilled"]}]},
+        output={"dir": "run-oom"},  # not the first job's run directory
     )
     roles = doc["spec"]["roles"]
     roles["actor"]["replicas"] = 1
