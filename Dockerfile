@@ -9,10 +9,10 @@
 # reached, any Debian/Ubuntu image with python3 (>= 3.10, with venv) does: scripts/images.sh makes
 # one from Debian's packages with mmdebstrap and builds these targets with buildah.
 #
-# Each image installs its dependencies in a layer keyed on pyproject.toml and its pin file alone
-# (constraints/<operator|trainer-cpu|trainer-gpu>.txt, `name==version` per line, applied with pip's
-# `-c` when present), then the project as one small wheel: a change of the source rebuilds only
-# that last layer. PIP_CACHE_DIR lets a
+# Each image installs its dependencies in a layer keyed on its own requirements list alone (made by
+# the `requirements` stage from pyproject.toml and constraints/<operator|trainer-cpu|trainer-gpu>.txt,
+# `name==version` per line, applied with pip's `-c` when present), then the project as one small
+# wheel: a change of the source rebuilds only that last layer. PIP_CACHE_DIR lets a
 # builder without BuildKit cache mounts point pip at a mounted cache (scripts/images.sh does).
 
 ARG BASE_IMAGE=python:3.11-slim
@@ -32,18 +32,32 @@ RUN --mount=type=cache,target=/root/.cache/pip \
  && /opt/build/bin/pip wheel --no-deps --wheel-dir /wheels .
 
 # ---------------------------------------------------------------------------------------------
+# Each image's requirements, from pyproject.toml and its pin file. An image copies only its own
+# list, so its dependency layer is rebuilt when that list changes, not when another part of
+# pyproject.toml does (the pytest settings, the dev extra).
+FROM ${BASE_IMAGE} AS requirements
+COPY pyproject.toml scripts/image_requirements.py /opt/requirements/
+COPY constraints/ /opt/requirements/constraints/
+WORKDIR /opt/requirements
+RUN python3 image_requirements.py pyproject.toml \
+      --constraints /opt/requirements/constraints/operator.txt operator >operator.txt \
+ && python3 image_requirements.py pyproject.toml \
+      --constraints /opt/requirements/constraints/trainer-cpu.txt trainer operator >trainer-cpu.txt \
+ && python3 image_requirements.py pyproject.toml \
+      --constraints /opt/requirements/constraints/trainer-gpu.txt trainer operator gpu >trainer-gpu.txt
+
+# ---------------------------------------------------------------------------------------------
 # Operator: `rlhf_api` and `rlhf_operator` with kopf and the Kubernetes client; no trainer, no torch, no Ray.
 FROM ${BASE_IMAGE} AS operator
 ARG PIP_CACHE_DIR=/root/.cache/pip
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_CACHE_DIR=${PIP_CACHE_DIR} \
     PIP_DISABLE_PIP_VERSION_CHECK=1 VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
-COPY pyproject.toml scripts/image_requirements.py /opt/requirements/
-COPY constraints/ /opt/requirements/constraints/
+# Its list, and the pin file the list names with `-c`.
+COPY --from=requirements /opt/requirements/operator.txt /opt/requirements/operator.txt
+COPY --from=requirements /opt/requirements/constraints/operator.txt /opt/requirements/constraints/operator.txt
 RUN --mount=type=cache,target=/root/.cache/pip \
     python3 -m venv $VIRTUAL_ENV \
  && pip install --upgrade pip \
- && python3 /opt/requirements/image_requirements.py /opt/requirements/pyproject.toml \
-      --constraints /opt/requirements/constraints/operator.txt operator >/opt/requirements/operator.txt \
  && pip install -r /opt/requirements/operator.txt
 # The API and the operator only (no trainer): their sources on the venv's path, run as
 # `python -m rlhf_operator` (the chart's command).
@@ -65,14 +79,13 @@ FROM ${BASE_IMAGE} AS trainer-cpu
 ARG PIP_CACHE_DIR=/root/.cache/pip
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_CACHE_DIR=${PIP_CACHE_DIR} \
     PIP_DISABLE_PIP_VERSION_CHECK=1 VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
-COPY pyproject.toml scripts/image_requirements.py /opt/requirements/
-COPY constraints/ /opt/requirements/constraints/
+# Its list, and the pin file the list names with `-c`.
+COPY --from=requirements /opt/requirements/trainer-cpu.txt /opt/requirements/trainer-cpu.txt
+COPY --from=requirements /opt/requirements/constraints/trainer-cpu.txt /opt/requirements/constraints/trainer-cpu.txt
 RUN --mount=type=cache,target=/root/.cache/pip \
     python3 -m venv $VIRTUAL_ENV \
  && pip install --upgrade pip \
- && python3 /opt/requirements/image_requirements.py /opt/requirements/pyproject.toml \
-      --constraints /opt/requirements/constraints/trainer-cpu.txt trainer operator >/opt/requirements/trainer.txt \
- && pip install -r /opt/requirements/trainer.txt
+ && pip install -r /opt/requirements/trainer-cpu.txt
 COPY --from=wheels /wheels /opt/wheels
 # The pods run with runAsUser 1000 and a read-only root filesystem; /tmp and /dev/shm are volumes.
 RUN pip install --no-deps --no-index /opt/wheels/*.whl \
@@ -115,14 +128,13 @@ RUN apt-get update \
  && { python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
       || apt-get install -y --no-install-recommends python3-dev; } \
  && rm -rf /var/lib/apt/lists/*
-COPY pyproject.toml scripts/image_requirements.py /opt/requirements/
-COPY constraints/ /opt/requirements/constraints/
+# Its list, and the pin file the list names with `-c`.
+COPY --from=requirements /opt/requirements/trainer-gpu.txt /opt/requirements/trainer-gpu.txt
+COPY --from=requirements /opt/requirements/constraints/trainer-gpu.txt /opt/requirements/constraints/trainer-gpu.txt
 RUN --mount=type=cache,target=/root/.cache/pip \
     python3 -m venv $VIRTUAL_ENV \
  && pip install --upgrade pip \
- && python3 /opt/requirements/image_requirements.py /opt/requirements/pyproject.toml \
-      --constraints /opt/requirements/constraints/trainer-gpu.txt trainer operator gpu >/opt/requirements/trainer.txt \
- && pip install -r /opt/requirements/trainer.txt
+ && pip install -r /opt/requirements/trainer-gpu.txt
 COPY --from=wheels /wheels /opt/wheels
 # The labels must say what torch carries: the build stops here otherwise.
 RUN pip install --no-deps --no-index /opt/wheels/*.whl \

@@ -45,13 +45,20 @@ def test_an_unknown_extra_is_named() -> None:
 
 def test_the_dockerfile_pins_every_image_with_its_file() -> None:
     text = (ROOT / "Dockerfile").read_text()
-    for target, pins in (
-        ("operator", "operator"),
-        ("trainer-cpu", "trainer-cpu"),
-        ("trainer", "trainer-gpu"),
+    for target, pins, extras in (
+        ("operator", "operator", "operator"),
+        ("trainer-cpu", "trainer-cpu", "trainer operator"),
+        ("trainer", "trainer-gpu", "trainer operator gpu"),
     ):
+        # The requirements stage makes the image's list with its pin file; the image installs that
+        # list (and no other), with the pin file beside it.
+        requirements = text.split(" AS requirements\n", 1)[1].split("\nFROM ", 1)[0]
+        assert f"--constraints /opt/requirements/constraints/{pins}.txt {extras} >{pins}.txt" in requirements
         stage = text.split(f" AS {target}\n", 1)[1].split("\nFROM ", 1)[0]
-        assert f"--constraints /opt/requirements/constraints/{pins}.txt" in stage, target
+        assert f"COPY --from=requirements /opt/requirements/{pins}.txt " in stage, target
+        assert f"COPY --from=requirements /opt/requirements/constraints/{pins}.txt " in stage, target
+        assert f"pip install -r /opt/requirements/{pins}.txt" in stage, target
+        assert "COPY pyproject.toml" not in stage, target
     trainer = text.split(" AS trainer\n", 1)[1]
     for needed in ("gcc", "libibverbs1", "dev.rlhf.cuda.driver-min", "gpu_preflight --labels"):
         assert needed in trainer, needed
