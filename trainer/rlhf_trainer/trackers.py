@@ -185,8 +185,8 @@ class MlflowTracker(Tracker):
     """One MLflow run named after the job; without MLFLOW_TRACKING_URI, the store is in the run
     directory (`mlflow_local_store`). A resumed attempt reopens the run by its id
     (`start_run(run_id=...)`); MLflow keeps every value logged, so a step the failed attempt
-    logged after its checkpoint holds both values, the resumed attempt's the later one (the one
-    MLflow reports as latest). MLflow's metric names allow `/`, so the keys stay as logged."""
+    logged after its checkpoint holds both values (`get_metric_history`), the resumed attempt's
+    the later by timestamp. MLflow's metric names allow `/`, so the keys stay as logged."""
 
     field = "mlflow"
     module = "mlflow"

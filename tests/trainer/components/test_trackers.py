@@ -264,7 +264,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-@pytest.mark.slow  # a child process importing the trainer and both trackers: 30-45 s on 2 busy cores
+@pytest.mark.slow  # a child process importing the trainer and both trackers: 14 s, 45 s on 2 busy cores
 @needs["wandb"]
 @needs["mlflow"]
 @pytest.mark.usefixtures("offline")
