@@ -499,8 +499,8 @@ ENV_TRANSFORMERS_VERBOSITY = _declare(
 
 ENV_MLFLOW_TRACKING_URI = _declare(
     "MLFLOW_TRACKING_URI",
-    "MLflow's server (spec.output.trackers.mlflow, read by the controller); unset: the run "
-    "directory's mlruns folder.",
+    "MLflow's server (spec.output.trackers.mlflow, read by the controller); unset: a store in the "
+    "run directory (mlflow.db, or the mlruns folder without SQLAlchemy).",
     "user",
 )
 

@@ -526,11 +526,16 @@ class TrackersSpec:
         False,
         doc="Write TensorBoard event files to `<output.dir>/tensorboard` (needs the `tensorboard` package).",
     )
-    wandb: bool = _f(False, doc="Log to Weights & Biases, one run named after the job (needs `wandb`).")
+    wandb: bool = _f(
+        False,
+        doc="Log to Weights & Biases, one run named after the job, kept across restarts and resumes "
+        "(needs `wandb`).",
+    )
     mlflow: bool = _f(
         False,
-        doc="Log to MLflow, one run named after the job (needs `mlflow`); without MLFLOW_TRACKING_URI it "
-        "writes to `<output.dir>/mlruns`.",
+        doc="Log to MLflow, one run named after the job, kept across restarts and resumes (needs `mlflow`); "
+        "without MLFLOW_TRACKING_URI it writes to `<output.dir>/mlflow.db` (SQLite, where SQLAlchemy is "
+        "installed) or `<output.dir>/mlruns`.",
     )
     project: str | None = _f(
         None,

@@ -501,7 +501,8 @@ def start_logging(r: Run, on_status: StatusCallback | None) -> None:
         steps = opened.enter_context(JsonlLogger(r.ctx.run_dir / "metrics.jsonl"))
         samples = opened.enter_context(JsonlLogger(r.ctx.run_dir / "samples.jsonl"))
         config = json.loads(json.dumps(dataclasses.asdict(spec), default=str))
-        trackers = open_trackers(spec, r.ctx.run_dir, r.ctx.job_name, config)
+        # The checkpoint resumed, if any (`maybe_resume`): the trackers reopen their runs.
+        trackers = open_trackers(spec, r.ctx.run_dir, r.ctx.job_name, config, resume_step=r.checkpoint_step)
         opened.callback(trackers.close)
         metrics = StepMetrics(job=r.ctx.job_name)
         in_pod = contract.ENV_KUBERNETES_SERVICE_HOST.is_set()
