@@ -539,7 +539,24 @@ class RealNode:
         self.ctr("images", "import", "--digests", str(archive), timeout=1800)
         if not self.has_image(ref):
             raise ClusterError(f"{archive} imported, but containerd has no image {ref}")
+        self.prune_image_refs()
         return time.monotonic() - t0
+
+    def prune_image_refs(self) -> list[str]:
+        """Removes the refs that only keep old content alive (returned): `import-<date>@sha256:...`
+        (each `ctr images import --digests` adds one) and CRI's `sha256:<id>` refs of images no named
+        ref holds any more. The content store is cached between runs, so without this every
+        source change left another 6 GB trainer image on the disk."""
+        rows = [line.split() for line in self.ctr("images", "ls").stdout.splitlines()[1:] if line.strip()]
+        named = {row[2] for row in rows if not row[0].startswith(("import-", "sha256:"))}
+        drop = [
+            row[0]
+            for row in rows
+            if row[0].startswith("import-") or (row[0].startswith("sha256:") and row[2] not in named)
+        ]
+        if drop:
+            self.ctr("images", "rm", "--sync", *drop, check=False)
+        return drop
 
     def ensure_pause_image(self) -> None:
         if self.has_image(PAUSE_IMAGE):
