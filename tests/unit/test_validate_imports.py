@@ -116,6 +116,18 @@ def test_a_custom_algorithm_and_an_environment_are_checked(workdir: Path) -> Non
     assert "is a function, not a class with step(episode)" in out
 
 
+def test_an_estimator_named_by_path_in_a_builtins_params_is_checked(workdir: Path) -> None:
+    doc = _job(
+        ["my_rewards:good"], algorithm={"name": "grpo", "params": {"advantageEstimator": "my_rewards:SCALE"}}
+    )
+    rc, out, _ = _validate(workdir, doc)
+    assert rc == 1, out
+    assert (
+        "spec.algorithm.params.advantageEstimator: 'my_rewards:SCALE' cannot be used: "
+        "TypeError: 'my_rewards:SCALE' is a int, not a function or class"
+    ) in out
+
+
 def test_no_import_skips_the_check(workdir: Path) -> None:
     rc, out, _ = _validate(workdir, _job(["no_such_module:score"]), "--no-import")
     assert rc == 0, out

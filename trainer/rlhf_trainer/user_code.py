@@ -70,7 +70,8 @@ class ImportPath:
     """Where it is, e.g. `spec.reward.functions[1].path`."""
     value: str
     kind: str
-    """How the trainer uses it: `reward`, `algorithm`, `environment` or `pipeline` (`resolve`)."""
+    """How the trainer uses it: `reward`, `algorithm`, `environment`, `pipeline` or `component` (a
+    built-in algorithm's estimator, loss, ... by path) (`resolve`)."""
 
     @property
     def builtin(self) -> bool:
@@ -86,6 +87,7 @@ def import_paths(spec: Any) -> list[ImportPath]:
     ]
     if ":" in spec.algorithm.name:
         found.append(ImportPath("spec.algorithm.name", spec.algorithm.name, "algorithm"))
+    found += _component_paths(spec.algorithm.name, spec.algorithm.params)
     if spec.rollout.multi_turn is not None:
         found.append(
             ImportPath(
@@ -95,6 +97,32 @@ def import_paths(spec: Any) -> list[ImportPath]:
     if spec.pipeline:
         found.append(ImportPath("spec.pipeline", spec.pipeline, "pipeline"))
     return found
+
+
+def _component_paths(algorithm: str, params: dict[str, Any]) -> list[ImportPath]:
+    """A built-in algorithm's params that name a user's component by import path (an open
+    `Choices` param given `package.module:attr`: `advantageEstimator: my_pkg.adv:estimate`).
+    A custom algorithm's params are its own to interpret."""
+    import dataclasses
+
+    from rlhf_api.algorithm_params import BUILTIN_PARAMS, Choices, camel
+
+    cls = BUILTIN_PARAMS.get(algorithm)
+    if cls is None:
+        return []
+    found = []
+    for f in dataclasses.fields(cls):
+        choices, value = f.metadata.get("choices"), params.get(camel(f.name))
+        if isinstance(choices, Choices) and choices.open and isinstance(value, str) and ":" in value:
+            found.append(ImportPath(f"spec.algorithm.params.{camel(f.name)}", value, "component"))
+    return found
+
+
+def _component(path: str) -> Any:
+    obj = import_object(path)  # what `Registry.get` returns for an import path
+    if not callable(obj):
+        raise TypeError(f"{path!r} is a {type(obj).__name__}, not a function or class")
+    return obj
 
 
 def _algorithm(path: str) -> Any:
@@ -128,6 +156,8 @@ def resolve(kind: str, path: str) -> Any:
         return _algorithm(path)
     if kind == "pipeline":
         return _pipeline(path)
+    if kind == "component":
+        return _component(path)
     raise ValueError(f"unknown kind of import path {kind!r}")
 
 
