@@ -144,6 +144,13 @@ def test_stdin_is_named_and_imports_from_the_current_directory(workdir: Path) ->
     assert rc == 0 and out.startswith("<stdin>: valid (imports"), out
 
 
+def test_stdin_is_read_once(capsys: pytest.CaptureFixture[str]) -> None:
+    from rlhf_trainer.cli import main
+
+    assert main(["validate", "-", "--nodes", "-"]) == 2
+    assert "only one of MANIFEST, --nodes and --old can be - (standard input)" in capsys.readouterr().err
+
+
 def test_the_projects_own_paths_are_checked_without_a_subprocess(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

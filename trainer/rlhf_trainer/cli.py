@@ -37,6 +37,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if not args.manifests:
         print("rlhf validate: give at least one MANIFEST (or --reference)", file=sys.stderr)
         return 2
+    if [*args.manifests, args.nodes, args.old].count("-") > 1:
+        print(
+            "rlhf validate: only one of MANIFEST, --nodes and --old can be - (standard input)",
+            file=sys.stderr,
+        )
+        return 2
     status = 0
     for path in args.manifests:
         name = manifest_name(path)
