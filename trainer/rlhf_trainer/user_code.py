@@ -10,8 +10,9 @@ Imports resolve as in the trainer's processes: from the current directory, then 
 `sys.path` (its PYTHONPATH among it). A pod's current directory is `/workspace`; the manifest's
 own folder is not on the path. Torch-free (a custom algorithm's module imports torch itself).
 
-Run as `python -m rlhf_trainer.user_code`: the subprocess side, reading `[[field, value, kind],
-...]` as JSON on stdin and writing one JSON line per path as each resolves.
+Run as `python -m rlhf_trainer.user_code`: the subprocess side, reading `{"path": PYTHONPATH,
+"imports": [[field, value, kind], ...]}` as JSON on stdin and writing one JSON line per path as
+each resolves.
 """
 
 from __future__ import annotations
@@ -198,9 +199,9 @@ def _check_in_subprocess(user: list[ImportPath], timeout: float) -> dict[ImportP
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": worker_pythonpath()},
     )
-    request = json.dumps([[p.field, p.value, p.kind] for p in user])
+    # The workers' PYTHONPATH, put first on the child's sys.path as PYTHONPATH would be.
+    request = json.dumps({"path": worker_pythonpath(), "imports": [[p.field, p.value, p.kind] for p in user]})
     timed_out = False
     try:
         out, err_text = proc.communicate(request, timeout=timeout)
@@ -239,7 +240,10 @@ def _serve() -> None:
     answers = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    for i, (field, value, kind) in enumerate(json.load(sys.stdin)):
+    request = json.load(sys.stdin)
+    first = request["path"].split(os.pathsep)
+    sys.path[:] = first + [p for p in sys.path if p not in first]
+    for i, (field, value, kind) in enumerate(request["imports"]):
         try:
             resolve(kind, value)
             error = None
