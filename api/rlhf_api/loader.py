@@ -238,11 +238,45 @@ def parse_job(
     )
 
 
+#: How `rlhf validate` and `rlhf run` name standard input (`-`) in what they print.
+STDIN_NAME = "<stdin>"
+
+
+def manifest_name(path: str | Path) -> str:
+    """How messages name the manifest at `path`: its path, or `<stdin>` for `-`."""
+    return STDIN_NAME if str(path) == "-" else str(path)
+
+
+def manifest_dir(path: str | Path) -> Path:
+    """The folder a manifest's relative paths resolve against: the manifest file's own folder; the
+    current directory for one read from standard input (`-`), as for one read from the API server
+    (the controller pod's current directory, `/workspace`)."""
+    return Path.cwd() if str(path) == "-" else Path(path).resolve().parent
+
+
+def resolve_path(path: str, folder: Path) -> str:
+    """A manifest's path (`model.path`, `data.path`, ...) made absolute: `~` expanded, a relative
+    one against `folder` (`manifest_dir`); an `org/name` hub id stays as it is unless a local
+    folder of that name exists."""
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return str(p)
+    local = folder / p
+    if local.exists() or path.startswith(".") or not _looks_like_hub_id(path):
+        return str(local.resolve())
+    return path
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    parts = path.split("/")
+    return len(parts) == 2 and all(parts) and not path.startswith(("/", "~", "."))
+
+
 def read_manifest(path: str | Path) -> dict[str, Any]:
     """The one RLTrainingJob document of a YAML file (`-`: standard input), as a mapping. Raises SpecError."""
-    p = Path(path)
+    p = manifest_name(path)
     try:
-        text = sys.stdin.read() if str(path) == "-" else p.read_text()
+        text = sys.stdin.read() if str(path) == "-" else Path(path).read_text()
     except OSError as err:
         raise SpecError([f"{p}: cannot read the manifest: {err.strerror}"]) from err
     try:

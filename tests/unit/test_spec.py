@@ -285,10 +285,14 @@ def test_cli_validate(tmp_path):
     good.write_text(yaml.safe_dump(MINIMAL))
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(job(rollout__engine="x")))
-    ok = subprocess.run(
-        [sys.executable, "-m", "rlhf_trainer.cli", "validate", str(good)], capture_output=True, text=True
+    (tmp_path / "my_rewards.py").write_text("def exact(prompts, responses):\n    return []\n")
+    ok = subprocess.run(  # the reward module in the current directory, as the trainer imports it
+        [sys.executable, "-m", "rlhf_trainer.cli", "validate", str(good)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
-    assert ok.returncode == 0 and "valid (demo, algorithm grpo)" in ok.stdout
+    assert ok.returncode == 0 and "valid (demo, algorithm grpo)" in ok.stdout, ok.stderr
     res = subprocess.run(
         [sys.executable, "-m", "rlhf_trainer.cli", "validate", str(bad)], capture_output=True, text=True
     )

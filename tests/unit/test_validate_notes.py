@@ -16,7 +16,7 @@ JOB = {
     "spec": {
         "model": {"path": "m"},
         "data": {"path": "d.jsonl"},
-        "reward": {"functions": [{"path": "a:b"}]},
+        "reward": {"functions": [{"path": "rlhf_trainer.rewards.builtin:arithmetic_exact"}]},
         "algorithm": {"name": "grpo", "params": {"klCoef": 0}},
     },
 }
@@ -44,7 +44,7 @@ def test_stdin_and_the_notes_of_dropped_roles(algorithm: dict, dropped: set[str]
     doc = {**JOB, "spec": {**JOB["spec"], "algorithm": algorithm}}
     out = _validate(yaml.safe_dump(doc))
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("-: valid (notes, algorithm ")
+    assert out.stdout.startswith("<stdin>: valid (notes, algorithm ")
     noted = {
         line.split("spec.roles.")[1].split(":")[0] for line in out.stderr.splitlines() if ": note: " in line
     }
@@ -53,4 +53,6 @@ def test_stdin_and_the_notes_of_dropped_roles(algorithm: dict, dropped: set[str]
 
 def test_stdin_errors_are_named() -> None:
     out = _validate("kind: Pod\n")
-    assert out.returncode == 1 and "-: expected exactly one RLTrainingJob document, found 0" in out.stderr
+    assert (
+        out.returncode == 1 and "<stdin>: expected exactly one RLTrainingJob document, found 0" in out.stderr
+    )

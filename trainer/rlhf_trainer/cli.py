@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 EPILOG = """\
 examples:
@@ -25,9 +26,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from rlhf_api.algorithm_params import spelling_notes
     from rlhf_api.fields import SpecError
     from rlhf_api.job import dropped_role_notes
-    from rlhf_api.loader import load_manifest
+    from rlhf_api.loader import load_manifest, manifest_dir, manifest_name
     from rlhf_api.reference import reference_markdown
     from rlhf_api.storage import cluster_storage_findings
+    from rlhf_trainer.user_code import check_imports, import_paths
 
     if args.reference:
         sys.stdout.write(reference_markdown())
@@ -35,55 +37,66 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if not args.manifests:
         print("rlhf validate: give at least one MANIFEST (or --reference)", file=sys.stderr)
         return 2
+    if [*args.manifests, args.nodes, args.old].count("-") > 1:
+        print(
+            "rlhf validate: only one of MANIFEST, --nodes and --old can be - (standard input)",
+            file=sys.stderr,
+        )
+        return 2
     status = 0
     for path in args.manifests:
+        name = manifest_name(path)
         try:
             job = load_manifest(path, old=args.old)
         except SpecError as err:
-            print(f"{path}: invalid\n{err}", file=sys.stderr)
+            print(f"{name}: invalid\n{err}", file=sys.stderr)
             status = 1
-        else:
-            if args.cluster:
-                found = cluster_storage_findings(job.spec, job.metadata_name)
-                for line in found.warnings:
-                    print(f"{path}: warning: {line}", file=sys.stderr)
-                if found.errors:
-                    lines = "\n".join(f"  - {e}" for e in found.errors)
-                    print(f"{path}: invalid on a cluster\n{lines}", file=sys.stderr)
-                    status = 1
-                    continue
-            if not _report_plan(path, job.spec, args):
+            continue
+        if args.cluster:
+            found = cluster_storage_findings(job.spec, job.metadata_name)
+            for line in found.warnings:
+                print(f"{name}: warning: {line}", file=sys.stderr)
+            if found.errors:
+                lines = "\n".join(f"  - {e}" for e in found.errors)
+                print(f"{name}: invalid on a cluster\n{lines}", file=sys.stderr)
                 status = 1
                 continue
-            print(f"{path}: valid ({job.metadata_name}, algorithm {job.spec.algorithm.name})")
-            for line in dropped_role_notes(job.spec) + spelling_notes(job.spec.algorithm.params):
-                print(f"{path}: note: {line}", file=sys.stderr)
+        if not args.no_import and (bad := check_imports(import_paths(job.spec), args.import_timeout)):
+            lines = "\n".join(f"  - {e}" for e in bad)
+            print(f"{name}: its code cannot be imported\n{lines}", file=sys.stderr)
+            status = 1
+            continue
+        if not _report_plan(name, manifest_dir(path), job.spec, args):
+            status = 1
+            continue
+        print(f"{name}: valid ({job.metadata_name}, algorithm {job.spec.algorithm.name})")
+        for line in dropped_role_notes(job.spec) + spelling_notes(job.spec.algorithm.params):
+            print(f"{name}: note: {line}", file=sys.stderr)
     return status
 
 
-def _report_plan(path: str, spec: object, args: argparse.Namespace) -> bool:
-    """Print the resource planner's findings for one job; False when it cannot start."""
+def _report_plan(name: str, folder: Path, spec: object, args: argparse.Namespace) -> bool:
+    """Print the resource planner's findings for one job; False when it cannot start. The models'
+    relative paths resolve against `folder` (`rlhf_api.loader.manifest_dir`), as `rlhf run` reads them."""
     import json
 
-    from rlhf_trainer.planner import plan_job
+    from rlhf_trainer.planner import plan_job, shapes_from
 
     nodes = None
     if args.nodes:
-        from pathlib import Path
-
         text = sys.stdin.read() if args.nodes == "-" else Path(args.nodes).read_text()
         doc = json.loads(text)
         nodes = doc.get("items", []) if isinstance(doc, dict) else doc
-    plan = plan_job(spec, nodes=nodes)
+    plan = plan_job(spec, nodes=nodes, shape_of=shapes_from(folder))
     for line in plan.notes if args.plan or args.cluster else []:  # what was not checked
-        print(f"{path}: note: {line}", file=sys.stderr)
+        print(f"{name}: note: {line}", file=sys.stderr)
     for line in plan.warnings:
-        print(f"{path}: warning: {line}", file=sys.stderr)
+        print(f"{name}: warning: {line}", file=sys.stderr)
     if args.plan and plan.estimates:
-        print(f"{path}: memory per GPU\n{plan.table()}")
+        print(f"{name}: memory per GPU\n{plan.table()}")
     if plan.errors:
         lines = "\n".join(f"  - {e}" for e in plan.errors)
-        print(f"{path}: does not fit its GPUs\n{lines}", file=sys.stderr)
+        print(f"{name}: does not fit its GPUs\n{lines}", file=sys.stderr)
     return not plan.errors
 
 
@@ -104,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
         "manifests",
         nargs="*",
         metavar="MANIFEST",
-        help="YAML files holding an RLTrainingJob (`-`: standard input)",
+        help="YAML files holding an RLTrainingJob (`-`: standard input, named <stdin>, e.g. `kubectl get rltj NAME "
+        "-o yaml | rlhf validate -`). Relative paths in a manifest resolve against its folder, those of one read "
+        "from standard input against the current directory (as `rlhf run` and the controller pod read them)",
     )
     p.add_argument(
         "--reference",
@@ -134,6 +149,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="the cluster's nodes (`kubectl get nodes -o json`, - for stdin): the planner takes each pool's GPU "
         "from its nodes' labels nvidia.com/gpu.product and nvidia.com/gpu.memory",
+    )
+    from rlhf_trainer.user_code import IMPORT_TIMEOUT_S
+
+    p.add_argument(
+        "--no-import",
+        action="store_true",
+        help="do not import the user's code the manifest names (reward functions, a custom algorithm, a "
+        "multi-turn environment, a pipeline): for a machine without it. By default each such import path is "
+        "imported as the trainer imports it (from the current directory, then PYTHONPATH), in a subprocess; a "
+        "missing module or attribute, an object of the wrong kind or an import that raises is an error naming "
+        "the field (the project's own rlhf_trainer paths are checked without a subprocess)",
+    )
+    p.add_argument(
+        "--import-timeout",
+        type=float,
+        default=IMPORT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"how long the user's imports may take before the one running is reported as hanging "
+        f"(default {IMPORT_TIMEOUT_S:g})",
     )
     p.set_defaults(func=_cmd_validate)
 

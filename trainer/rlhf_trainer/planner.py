@@ -318,6 +318,14 @@ class _Ctx:
         return self.gpus.get(role)
 
 
+def shapes_from(folder: Path) -> ShapeOf:
+    """`local_shape` of a manifest's model paths resolved against `folder` (`rlhf_api.loader.manifest_dir`,
+    the manifest's folder), as the trainer reads them."""
+    from rlhf_api.loader import resolve_path
+
+    return lambda path: local_shape(resolve_path(path, folder))
+
+
 def plan_job(
     spec: Any, *, shape_of: ShapeOf = local_shape, nodes: list[Mapping[str, Any]] | None = None
 ) -> Plan:

@@ -58,7 +58,9 @@ def _logging(verbose: bool) -> None:
     )
 
 
-def _load(path: str) -> Any:
+def _load(path: str, folder: Path) -> Any:
+    """The job at `path`, or None (printed why): invalid, or its GPUs cannot hold it (its models'
+    relative paths against `folder`, where the run reads them)."""
     from rlhf_api.fields import SpecError
     from rlhf_api.loader import load_manifest
 
@@ -67,15 +69,15 @@ def _load(path: str) -> Any:
     except SpecError as err:
         print(f"{path}: invalid\n{err}", file=sys.stderr)
         return None
-    return job if _fits(path, job.spec) else None
+    return job if _fits(path, job.spec, folder) else None
 
 
-def _fits(path: str, spec: Any) -> bool:
+def _fits(path: str, spec: Any, folder: Path) -> bool:
     """The resource planner's refusals stop the run before anything starts (as `rlhf validate`);
     its warnings are printed. A CPU job gets neither."""
-    from rlhf_trainer.planner import plan_job
+    from rlhf_trainer.planner import plan_job, shapes_from
 
-    plan = plan_job(spec)
+    plan = plan_job(spec, shape_of=shapes_from(folder))
     for line in plan.warnings:
         print(f"{path}: warning: {line}", file=sys.stderr)
     if plan.errors:
@@ -86,7 +88,10 @@ def _fits(path: str, spec: Any) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     _logging(args.verbose)
-    job = _load(args.manifest)
+    from rlhf_api.loader import manifest_dir
+
+    folder = manifest_dir(args.manifest)
+    job = _load(args.manifest, folder)
     if job is None:
         return 2
     if rc := gpu_preflight.exit_code_for_job(job.spec):  # GPU roles on this machine: its driver first
@@ -95,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     return _run(
         job,
-        Path(args.manifest).resolve().parent,
+        folder,
         args.steps,
         args.run_dir,
         not args.no_resume,
@@ -174,7 +179,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_controller(args: argparse.Namespace) -> int:
     """The controller pod: the same run, plus `status.progress` patches when inside Kubernetes."""
     _logging(True)
-    job = _load(args.spec_file)
+    job = _load(args.spec_file, Path.cwd())  # a pod's relative paths: its current directory, /workspace
     if job is None:
         return 2
     from rlhf_trainer.worker_cli import describe_pod

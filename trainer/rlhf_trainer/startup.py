@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rlhf_api import contract
 from rlhf_api.job import JobSpec, unused_roles
-from rlhf_trainer import checkpoint, checkpoint_owner, placement, ray_node
+from rlhf_api.loader import resolve_path
+from rlhf_trainer import checkpoint, checkpoint_owner, placement, ray_node, user_code
 from rlhf_trainer.dataflow import (
     DataStream,
     DynamicSamplingOperator,
@@ -114,16 +115,7 @@ def resolve_spec(spec: JobSpec, manifest_dir: Path, steps: int | None) -> JobSpe
     """Paths made absolute (`~` expanded, relative ones against the manifest's folder); `--steps`."""
 
     def resolve(path: str | None) -> str | None:
-        if path is None:
-            return None
-        p = Path(path).expanduser()
-        if p.is_absolute():
-            return str(p)
-        local = manifest_dir / p
-        # `org/name` hub ids stay as they are unless a local folder of that name exists.
-        if local.exists() or path.startswith(".") or not _looks_like_hub_id(path):
-            return str(local.resolve())
-        return path
+        return None if path is None else resolve_path(path, manifest_dir)
 
     model = dataclasses.replace(
         spec.model,
@@ -147,11 +139,6 @@ def resolve_spec(spec: JobSpec, manifest_dir: Path, steps: int | None) -> JobSpe
     )
     training = spec.training if steps is None else dataclasses.replace(spec.training, steps=steps)
     return dataclasses.replace(spec, model=model, data=data, reward=reward, training=training, eval=eval_spec)
-
-
-def _looks_like_hub_id(path: str) -> bool:
-    parts = path.split("/")
-    return len(parts) == 2 and all(parts) and not path.startswith(("/", "~", "."))
 
 
 def setup(
@@ -283,9 +270,8 @@ def start_ray(address: str | None = None) -> bool:
 
     if ray.is_initialized():
         return False
-    path = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p)
     env = {
-        "PYTHONPATH": path,
+        "PYTHONPATH": user_code.worker_pythonpath(),  # the user's modules, as `rlhf validate` imports them
         # Only values shared by every pod: a pod's own (RLHF_POD_IP, RLHF_ROLE, ...) reach its
         # workers from its raylet's environment, and the driver's would override them.
         contract.ENV_TORCH_THREADS.name: contract.ENV_TORCH_THREADS.get_str(),

@@ -157,9 +157,11 @@ def test_import_path_lookup(user_module):
 
 
 def test_import_path_errors(user_module):
-    with pytest.raises(UnknownNameError, match=r"cannot import 'no_such_module_xyz'.*valid: gae, grpo"):
+    with pytest.raises(
+        UnknownNameError, match=r"cannot import module 'no_such_module_xyz'.*valid: gae, grpo"
+    ):
         ADVANTAGE_ESTIMATORS.get("no_such_module_xyz:fn")
-    with pytest.raises(UnknownNameError, match=f"module '{user_module}' has no 'missing'"):
+    with pytest.raises(UnknownNameError, match=f"module '{user_module}' has no attribute 'missing'"):
         ADVANTAGE_ESTIMATORS.get(f"{user_module}:missing")
     with pytest.raises(ValueError, match="is 3, not a subclass of rlhf_trainer.algorithms.Algorithm"):
         build_algorithm(f"{user_module}:NOT_AN_ALGORITHM", {})

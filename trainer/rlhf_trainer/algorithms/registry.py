@@ -16,7 +16,6 @@ Callers dispatch only through `get`; no family special-cases one of its entries.
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
@@ -86,20 +85,12 @@ class Registry(Generic[T]):
         raise UnknownNameError(self.kind, name, self.names())
 
     def _import(self, path: str) -> T:
-        module_name, attr_path = path.split(":", 1)
+        from rlhf_trainer.user_code import ImportPathError, import_object
+
         try:
-            obj: Any = importlib.import_module(module_name)
-        except ImportError as err:
-            raise UnknownNameError(
-                self.kind, path, self.names(), f"cannot import {module_name!r}: {err}"
-            ) from err
-        for part in attr_path.split("."):
-            if not hasattr(obj, part):
-                raise UnknownNameError(
-                    self.kind, path, self.names(), f"module {module_name!r} has no {attr_path!r}"
-                )
-            obj = getattr(obj, part)
-        return obj  # type: ignore[no-any-return]
+            return import_object(path)  # type: ignore[no-any-return]
+        except ImportPathError as err:
+            raise UnknownNameError(self.kind, path, self.names(), str(err)) from err
 
     def names(self) -> list[str]:
         """Registered names, sorted."""

@@ -74,6 +74,9 @@ class EnvStep:
     """The observation as token ids, when the environment tokenizes it itself (wins over the text)."""
 
 
+ENVIRONMENT_FIELD = "spec.rollout.multiTurn.environment"
+
+
 @runtime_checkable
 class Environment(Protocol):
     """What `multiTurn.environment` names: a class built with `multiTurn.kwargs`."""
@@ -81,18 +84,27 @@ class Environment(Protocol):
     def step(self, episode: Episode) -> EnvStep: ...
 
 
-def build_environment(path: str, kwargs: dict[str, Any] | None = None) -> Environment:
-    """The environment class at `path` (`package.module:Class`) built with `kwargs`; errors name
+def environment_class(path: str) -> type:
+    """The environment class at `path` (`package.module:Class`), not yet built; errors name
     `spec.rollout.multiTurn.environment` and say what is valid."""
     from rlhf_trainer.rewards import import_object
 
-    where = "spec.rollout.multiTurn.environment"
     try:
         obj = import_object(path)
     except ValueError as err:
-        raise ValueError(f"{where}: {err}; valid: an importable package.module:Class") from err
+        raise ValueError(f"{ENVIRONMENT_FIELD}: {err}; valid: an importable package.module:Class") from err
     if not inspect.isclass(obj):
-        raise TypeError(f"{where}: {path!r} is a {type(obj).__name__}, not a class with step(episode)")
+        raise TypeError(
+            f"{ENVIRONMENT_FIELD}: {path!r} is a {type(obj).__name__}, not a class with step(episode)"
+        )
+    return obj
+
+
+def build_environment(path: str, kwargs: dict[str, Any] | None = None) -> Environment:
+    """The environment class at `path` (`environment_class`) built with `kwargs`; errors name
+    `spec.rollout.multiTurn.environment` and say what is valid."""
+    where = ENVIRONMENT_FIELD
+    obj = environment_class(path)
     try:
         env = obj(**dict(kwargs or {}))
     except TypeError as err:

@@ -17,7 +17,6 @@ A failure is never turned into a silent zero.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 import math
@@ -25,6 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from rlhf_trainer import user_code
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ __all__ = [
     "RewardModelScorer",
     "RewardResult",
     "import_object",
+    "reward_object",
 ]
 
 
@@ -104,18 +106,24 @@ def _clip(text: str, limit: int = 120) -> str:
 
 
 def import_object(path: str) -> Any:
-    """`package.module:attr` (attr may be dotted) -> the object, with a clear error."""
-    if ":" not in path:
-        raise ValueError(f"reward path {path!r} must look like package.module:name")
-    module_name, attr = path.split(":", 1)
+    """`package.module:attr` (attr may be dotted) -> the object, the error naming the path."""
     try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"reward path {path!r}: cannot import module {module_name!r}: {err}") from err
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"reward path {path!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+        return user_code.import_object(path)
+    except user_code.ImportPathError as err:
+        raise ValueError(f"reward path {path!r}: {err}") from err
+
+
+def reward_object(path: str) -> Any:
+    """What a reward's import path names, as `FunctionReward` takes it: a function, a
+    `RewardCalculator`, or a class with a `compute_reward` method (not yet constructed)."""
+    obj = import_object(path)
+    if inspect.isclass(obj):
+        if not callable(getattr(obj, "compute_reward", None)):
+            raise TypeError(f"reward class {path!r} has no compute_reward(prompts, responses, **kw) method")
+    elif not (isinstance(obj, RewardCalculator) or callable(obj)):
+        raise TypeError(
+            f"reward {path!r} is a {type(obj).__name__}, neither a function nor a RewardCalculator class"
+        )
     return obj
 
 
@@ -128,7 +136,7 @@ class FunctionReward:
     def __init__(
         self, path: str | Callable[..., Any], kwargs: dict[str, Any] | None = None, name: str | None = None
     ):
-        obj = import_object(path) if isinstance(path, str) else path
+        obj = reward_object(path) if isinstance(path, str) else path
         kwargs = dict(kwargs or {})
         self.path = path if isinstance(path, str) else f"{obj.__module__}:{obj.__qualname__}"
         self.name = name or self.path.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
