@@ -192,8 +192,13 @@ def create_namespace(cluster: Cluster, name: str) -> None:
 def baseline(cluster: Cluster, jobs: list[dict[str, Any]], workers: int) -> float:
     """The same pods, created directly (what the operator's builders produce), no operator."""
     from rlhf_api.loader import parse_job
-    from rlhf_operator import children
+    from rlhf_operator import children, images
+    from rlhf_operator.testing import TEST_TRAINER_IMAGE
 
+    # The jobs set no spec.image: their pods get the operator's default, which `OperatorProcess`
+    # passes to the operator run (this environment's, else the test image); the baseline's pods
+    # are built here, so they need it here too (else: 422, spec.containers[0].image required).
+    os.environ.setdefault(images.ENV_TRAINER_IMAGE, TEST_TRAINER_IMAGE)
     ns = "bench-baseline"
     create_namespace(cluster, ns)
     pods = []
