@@ -99,8 +99,9 @@ def operator_without_claim_reads(
     role), watching `namespace`. Yields (process, the copy's name); removes what it made."""
     import kubernetes
 
-    rbac = kubernetes.client.RbacAuthorizationV1Api(cluster.admin())
-    core = kubernetes.client.CoreV1Api(cluster.admin())
+    # Any: the client takes plain dicts as its models (typed as the models).
+    rbac: Any = kubernetes.client.RbacAuthorizationV1Api(cluster.admin())
+    core: Any = kubernetes.client.CoreV1Api(cluster.admin())
     chart = cluster.admin().sanitize_for_serialization(rbac.read_cluster_role("rlhf-operator"))
     rules = [r for r in chart["rules"] if "persistentvolumeclaims" not in r.get("resources", [])]
     assert len(rules) == len(chart["rules"]) - 1, "the chart's ClusterRole has one rule on claims"
