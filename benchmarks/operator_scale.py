@@ -5,6 +5,8 @@ Running, on 500 fake 8-GPU nodes (kwok), with the operator's peak memory.
     .venv/bin/python benchmarks/operator_scale.py --jobs 10 --nodes 100
     # before/after on one cluster: the operator of another checkout, then this one's
     .venv/bin/python benchmarks/operator_scale.py --operator-code /tmp/main-export --operator-code .
+    # three rounds (baseline, then the operator, each round): medians and ranges at the end
+    .venv/bin/python benchmarks/operator_scale.py --repeat 3
 
 Baseline, in the same process and cluster: the same pods created directly by one client (no
 operator), so the ratio shows what the operator's reconcile adds to the API server + scheduler +
@@ -14,7 +16,9 @@ seconds (the controller-manager removes them), so neither run measures that warm
 
 Besides the totals it prints where the time went, from the API server's timestamps (whole seconds):
 when the pods were created, bound and Ready, and when each job's first and last pod was created;
-and the operator's CPU time and the time spent inside its passes.
+and the operator's CPU time and the time spent inside its passes. At the end, per operator: the
+medians (and ranges, with --repeat) and the verdict against issue 24's targets (all pods Running
+within 1.5x the baseline of the same round, peak RSS under 100 MiB), met or missed.
 """
 
 from __future__ import annotations
@@ -188,8 +192,13 @@ def create_namespace(cluster: Cluster, name: str) -> None:
 def baseline(cluster: Cluster, jobs: list[dict[str, Any]], workers: int) -> float:
     """The same pods, created directly (what the operator's builders produce), no operator."""
     from rlhf_api.loader import parse_job
-    from rlhf_operator import children
+    from rlhf_operator import children, images
+    from rlhf_operator.testing import TEST_TRAINER_IMAGE
 
+    # The jobs set no spec.image: their pods get the operator's default, which `OperatorProcess`
+    # passes to the operator run (this environment's, else the test image); the baseline's pods
+    # are built here, so they need it here too (else: 422, spec.containers[0].image required).
+    os.environ.setdefault(images.ENV_TRAINER_IMAGE, TEST_TRAINER_IMAGE)
     ns = "bench-baseline"
     create_namespace(cluster, ns)
     pods = []
@@ -351,6 +360,13 @@ def main() -> int:
         "in turn on the same cluster, e.g. a worktree of main and this one (default: this checkout)",
     )
     parser.add_argument("--operator-log-dir", type=Path, help="keep the operators' logs here")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds on the same cluster, each a fresh baseline then each operator in turn; "
+        "with more than one, the medians and ranges over the rounds are printed at the end",
+    )
     args = parser.parse_args()
     codes = [p.resolve() for p in args.operator_code or [ROOT]]
 
@@ -358,8 +374,10 @@ def main() -> int:
         NodePool(name="bench", nodes=args.nodes, gpus=8, cpu="96", memory="1Ti", taints=[GPU_TAINT]),
         NodePool(name="bench-cpu", nodes=max(2, args.jobs // 10), cpu="64", memory="256Gi"),
     ]
+    print(f"machine: {os.cpu_count()} CPUs; load average at the start: {load()}", flush=True)
     t0 = time.perf_counter()
     cluster = Cluster.existing() if use_existing_cluster() else Cluster.start(pools=None, timeout=300)
+    runs: dict[Path, list[dict[str, Any]]] = {code: [] for code in codes}
     try:
         cluster.create_pools(pools, timeout=600)
         setup = time.perf_counter() - t0
@@ -369,23 +387,76 @@ def main() -> int:
         # controller-manager removing the fresh nodes' not-ready taints.
         waited = settle(cluster, sum(p.nodes for p in pools))
         print(f"nodes settled (Ready, no lifecycle taint) {waited:.1f} s later", flush=True)
-        base = None if args.skip_baseline else baseline(cluster, jobs, args.workers)
-        if base is not None:
-            print(
-                f"baseline: {10 * args.jobs} pods created directly -> all Running in {base:.1f} s", flush=True
-            )
         install_operator(cluster)
         with tempfile.TemporaryDirectory() as tmp:
             logs = args.operator_log_dir or Path(tmp)
             logs.mkdir(parents=True, exist_ok=True)
-            for i, code in enumerate(codes):
-                print(f"load average before the run: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-                log = logs / f"operator-{i}.log"
-                res = operator_run(cluster, jobs, args.workers, log, code, f"bench-operator-{i}")
-                report(res, args.jobs, args.nodes, base, code)
+            for r in range(args.repeat):
+                tag = f"round {r + 1}/{args.repeat}: " if args.repeat > 1 else ""
+                base = None
+                if not args.skip_baseline:
+                    print(f"{tag}load average before the baseline: {load()}", flush=True)
+                    base = baseline(cluster, jobs, args.workers)
+                    print(
+                        f"{tag}baseline: {10 * args.jobs} pods created directly -> all Running in {base:.1f} s",
+                        flush=True,
+                    )
+                for i, code in enumerate(codes):
+                    print(f"{tag}load average before the operator run: {load()}", flush=True)
+                    log = logs / f"operator-{r}-{i}.log"
+                    res = operator_run(cluster, jobs, args.workers, log, code, f"bench-operator-{r}-{i}")
+                    res["baseline_seconds"] = base
+                    runs[code].append(res)
+                    report(res, args.jobs, args.nodes, base, code)
     finally:
         cluster.stop()
+    for code, results in runs.items():
+        summary(code, results)
     return 0
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+#: Issue 24's targets: every pod Running within this many times the direct creation of the same
+#: pods (measured in the same run), and the operator's peak RSS under this many MiB.
+TARGET_RATIO = 1.5
+TARGET_PEAK_RSS_MIB = 100.0
+
+
+def spread(values: list[float], unit: str = "", digits: int = 1) -> str:
+    """Median, and the range where there are several values."""
+    med = f"{statistics.median(values):.{digits}f}{unit}"
+    if len(values) < 2:
+        return med
+    return f"{med} (range {min(values):.{digits}f} to {max(values):.{digits}f}{unit}, n={len(values)})"
+
+
+def summary(code: Path, results: list[dict[str, Any]]) -> None:
+    """The medians over the rounds and the verdict against issue 24's targets (met or missed)."""
+    if not results:
+        return
+    ratios = [r["pods_running_seconds"] / r["baseline_seconds"] for r in results if r.get("baseline_seconds")]
+    peaks = [r["peak_rss_mib"] for r in results]
+    print(f"summary, operator of {code}:")
+    bases = [r["baseline_seconds"] for r in results if r.get("baseline_seconds")]
+    if bases:
+        print(f"  baseline, all pods Running: {spread(bases, ' s')}")
+    print(f"  operator, all pods Running: {spread([r['pods_running_seconds'] for r in results], ' s')}")
+    print(f"  operator, all jobs Running: {spread([r['jobs_running_seconds'] for r in results], ' s')}")
+    print(
+        f"  peak RSS: {spread(peaks, ' MiB', 0)}; idle {spread([r['idle_rss_mib'] for r in results], ' MiB', 0)}"
+    )
+    if ratios:
+        verdict = "met" if statistics.median(ratios) <= TARGET_RATIO else "MISSED"
+        print(
+            f"  ratio to the baseline of its round: {spread(ratios, '', 2)}; target <= {TARGET_RATIO}: {verdict}"
+        )
+    else:
+        print(f"  ratio: no baseline measured (--skip-baseline); target <= {TARGET_RATIO}: not measured")
+    verdict = "met" if max(peaks) < TARGET_PEAK_RSS_MIB else "MISSED"
+    print(f"  peak RSS target < {TARGET_PEAK_RSS_MIB:.0f} MiB (highest run): {verdict}", flush=True)
 
 
 def report(res: dict[str, Any], jobs: int, nodes: int, base: float | None, code: Path) -> None:
@@ -401,7 +472,7 @@ def report(res: dict[str, Any], jobs: int, nodes: int, base: float | None, code:
         f"time inside passes (summed over concurrent passes): {res['pass_seconds']:.1f} s"
     )
     print(f"  log: {res['crd_rules']}")
-    print(f"  load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"  load average at the end: {load()}")
     if base:
         print(
             f"  ratio operator / direct pod creation (time to all pods Running): {res['pods_running_seconds'] / base:.2f}",

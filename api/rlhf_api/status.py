@@ -67,7 +67,8 @@ PROMETHEUS_REFUSED = "PrometheusRefused"
 SUSPENDED = "Suspended"
 # A directory several pods write (the checkpoint directory) lies on a persistentVolumeClaim that
 # they cannot all mount (not ReadWriteMany) or that does not exist (`rlhf_api.storage.claim_findings`):
-# reason ClaimNotShared while True (no pod is created), ClaimsShared once fixed.
+# reason ClaimNotShared while True (no pod is created), ClaimsShared once fixed; ClaimsForbidden
+# while True because the operator may not read the claims (its RBAC lacks get on persistentvolumeclaims).
 STORAGE_NOT_SHARED = "StorageNotShared"
 # Kueue holds pods of the job back (its admission scheduling gate): reason WaitingForKueue while
 # True, Admitted once it lets them go (see `kueue`). The scheduling timeout counts from then.

@@ -294,10 +294,15 @@ class Executor:
         total = 1000 * (time.perf_counter() - started)
         log.debug("%s/%s: pass %.0f ms (%s)", namespace, name, total, ", ".join(parts) or "-")
 
-    def _claims(self, body: dict[str, Any], admitted: bool) -> dict[str, list[str] | None] | None:
+    def _claims(
+        self, body: dict[str, Any], admitted: bool
+    ) -> dict[str, list[str] | None] | pass_state.ClaimsForbidden | None:
         """The access modes of the claims several of the job's pods write (`storage.shared_claims`),
         read only while its gang is to be created (Pending, Restarting: `reconcile.shared_storage`);
-        a bound claim's are its volume's (status), an unbound one's what it asks for (spec)."""
+        a bound claim's are its volume's (status), an unbound one's what it asks for (spec).
+        `ClaimsForbidden` where the API server refuses the read (HTTP 403: the operator's RBAC
+        lacks `get` on persistentvolumeclaims), which the pass reports as the job's condition
+        (a Retry would fail the whole pass every few seconds, with nothing on the job)."""
         if (body.get("status") or {}).get("phase", "Pending") not in ("Pending", "Restarting"):
             return None
         try:
@@ -307,13 +312,18 @@ class Executor:
         ns = str(body["metadata"].get("namespace") or "")
         out: dict[str, list[str] | None] = {}
         for shared in storage.shared_claims(job.spec, job.metadata_name):
-            pvc = self.kube.get(
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolumeClaim",
-                    "metadata": {"namespace": ns, "name": shared.claim},
-                }
-            )
+            try:
+                pvc = self.kube.get(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "PersistentVolumeClaim",
+                        "metadata": {"namespace": ns, "name": shared.claim},
+                    }
+                )
+            except kube.Rejected as err:
+                if err.code != 403:
+                    raise
+                return pass_state.ClaimsForbidden(ns, shared.claim, err.server_message)
             if pvc is None:
                 out[shared.claim] = None
                 continue

@@ -125,6 +125,17 @@ def is_terminal(pod: dict[str, Any]) -> bool:
 # -- one pass -------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ClaimsForbidden:
+    """The API server refused the operator's GET of a claim the job's pods write (HTTP 403): the
+    operator's ClusterRole lacks `get` on persistentvolumeclaims (an older chart's), so the storage
+    check cannot be made. `message`: the server's."""
+
+    namespace: str
+    claim: str
+    message: str
+
+
 @dataclass
 class Pass:
     """The state of one reconcile pass, shared by its steps: what was observed (read-only) and the
@@ -166,8 +177,9 @@ class Pass:
     #: The operator's bounds on one job (`tenant_limits`).
     limits: tenant_limits.Limits = field(default_factory=tenant_limits.Limits)
     #: The access modes of the claims several pods write (`storage.shared_claims`), as read from
-    #: the cluster (None for a claim that does not exist); None: not read (the pass checks nothing).
-    claims: dict[str, list[str] | None] | None = None
+    #: the cluster (None for a claim that does not exist); `ClaimsForbidden`: the operator may not
+    #: read them (its RBAC); None: not read (the pass checks nothing).
+    claims: dict[str, list[str] | None] | ClaimsForbidden | None = None
 
     @classmethod
     def start(cls, body: dict[str, Any], pods: list[dict[str, Any]], now: dt.datetime) -> Pass:

@@ -65,6 +65,7 @@ from rlhf_operator import (
 from rlhf_operator.pass_state import (
     DONE,
     NEXT,
+    ClaimsForbidden,
     Event,
     Pass,
     Plan,
@@ -384,17 +385,37 @@ def shared_storage(p: Pass) -> bool:
     once the claim is fixed (or the spec)."""
     if p.claims is None or p.phase not in ("Pending", "Restarting"):
         return NEXT
-    problems = storage.claim_findings(p.spec, p.name, p.claims)
-    if not problems:
-        p.clear(STORAGE_NOT_SHARED, "ClaimsShared", "every claim that several pods write is ReadWriteMany")
-        return NEXT
-    message = "; ".join(problems) + "; no pod is created until then"
+    if isinstance(p.claims, ClaimsForbidden):
+        reason, message = CLAIMS_FORBIDDEN, claims_forbidden_message(p.claims)
+    else:
+        problems = storage.claim_findings(p.spec, p.name, p.claims)
+        if not problems:
+            p.clear(
+                STORAGE_NOT_SHARED, "ClaimsShared", "every claim that several pods write is ReadWriteMany"
+            )
+            return NEXT
+        reason, message = "ClaimNotShared", "; ".join(problems) + "; no pod is created until then"
     was = p.condition(STORAGE_NOT_SHARED)
     if was.get("status") != "True" or was.get("message") != message:
-        p.plan.events.append(Event("Warning", "ClaimNotShared", message))
-    p.cond(STORAGE_NOT_SHARED, True, "ClaimNotShared", message)
+        p.plan.events.append(Event("Warning", reason, message))
+    p.cond(STORAGE_NOT_SHARED, True, reason, message)
     p.plan.requeue(CLAIM_RECHECK_SECONDS)
     return DONE
+
+
+#: `StorageNotShared`'s reason while the operator may not read the job's claims (its RBAC).
+CLAIMS_FORBIDDEN = "ClaimsForbidden"
+
+
+def claims_forbidden_message(denied: ClaimsForbidden) -> str:
+    """What `StorageNotShared` says when the API server refused the operator's read of a claim."""
+    return (
+        f"the operator may not get the persistentVolumeClaim {denied.claim!r} in namespace "
+        f"{denied.namespace!r} (HTTP 403: {tenant_limits.clip(denied.message, 500)}): its ClusterRole "
+        "lacks the verb get on persistentvolumeclaims (a ClusterRole of an older chart); upgrade the "
+        "chart's RBAC or grant that verb, so that the operator can check that the job's pods can all "
+        f"write the claim; no pod is created until then (checked again every {CLAIM_RECHECK_SECONDS:.0f} s)"
+    )
 
 
 def _generation(status: dict[str, Any], key: str) -> int:
@@ -575,13 +596,14 @@ def plan(
     now: dt.datetime,
     admitted: bool = False,
     limits: tenant_limits.Limits | None = None,
-    claims: dict[str, list[str] | None] | None = None,
+    claims: dict[str, list[str] | None] | ClaimsForbidden | None = None,
 ) -> Plan:
     """Reconcile one job. `body` is the job as read from the API server; `pods` its labelled pods
     (only those whose controller owner reference carries the job's UID count; see `ownership`);
     `admitted`: the API server enforced the CRD's rules on `body` (see `parse_cache.parse`); `limits`:
     the operator's bounds on a job (default: `tenant_limits.Limits()`); `claims`: the access modes of
-    the claims several of its pods write (`storage.shared_claims`; None: not read, not checked)."""
+    the claims several of its pods write (`storage.shared_claims`; `ClaimsForbidden`: the operator may
+    not read them; None: not read, not checked)."""
     p = Pass.start(body, pods, now)
     p.admitted = admitted
     p.limits = limits or tenant_limits.Limits()

@@ -175,6 +175,74 @@ def test_a_claim_that_is_not_read_write_many_holds_the_gang_back_until_it_is() -
     assert got is not None and got["status"] == "False"
 
 
+class _ForbiddenApiClient:
+    """The official ApiClient's two calls `kube.Kube` makes, answering every request as the API
+    server does a GET the caller's RBAC does not allow: ApiException(status=403), Status body."""
+
+    def __init__(self) -> None:
+        self.urls: list[str] = []
+
+    def param_serialize(self, method: str, resource_path: str, **_: Any) -> tuple[str, str]:
+        return method, resource_path
+
+    def call_api(self, method: str, url: str, **_: Any) -> Any:
+        from kubernetes.client import ApiException
+
+        self.urls.append(f"{method} {url}")
+        name = url.rsplit("/", 1)[-1]
+        message = (
+            f'persistentvolumeclaims "{name}" is forbidden: User '
+            '"system:serviceaccount:rlhf-system:rlhf-operator" cannot get resource '
+            '"persistentvolumeclaims" in API group "" in the namespace "ns"'
+        )
+        raise ApiException(
+            status=403,
+            reason="Forbidden",
+            body=json.dumps(
+                {
+                    "kind": "Status",
+                    "status": "Failure",
+                    "message": message,
+                    "reason": "Forbidden",
+                    "code": 403,
+                }
+            ),
+        )
+
+
+def test_a_claim_the_operator_may_not_read_holds_the_gang_back_with_a_condition_naming_the_verb() -> None:
+    """An older chart's ClusterRole lacks `get` on persistentvolumeclaims: the claim's GET, through
+    `kube.Kube` on an ApiClient that raises the client's ApiException(status=403), gives the job
+    StorageNotShared (reason ClaimsForbidden) naming the verb, the resource and the namespace, one
+    Warning Event, no pod and a recheck after CLAIM_RECHECK_SECONDS; no exception leaves the pass
+    (before, the pass raised kube.Rejected every 5 s and the job said nothing). A second pass
+    repeats no Event; once the read is allowed, the gang is created."""
+    fake = FakeKube(job())
+    denied = _ForbiddenApiClient()
+    real = kube.Kube(api_client=denied)
+    allowed = fake.get
+    fake.get = lambda obj: real.get(obj) if obj["kind"] == "PersistentVolumeClaim" else allowed(obj)  # type: ignore[method-assign]
+    out = run(Executor(fake))  # type: ignore[arg-type]
+    assert denied.urls == ["GET /api/v1/namespaces/ns/persistentvolumeclaims/work"]
+    assert not any(e.startswith("create Pod") for e in fake.log)
+    assert out.requeue_after == reconcile.CLAIM_RECHECK_SECONDS and out.invalid is None
+    assert fake.job is not None and fake.job["status"]["phase"] == "Pending"
+    got = get_condition(fake.job["status"], "StorageNotShared")
+    assert got is not None and got["status"] == "True" and got["reason"] == "ClaimsForbidden"
+    assert "may not get the persistentVolumeClaim 'work' in namespace 'ns'" in got["message"]
+    assert "lacks the verb get on persistentvolumeclaims" in got["message"]
+    assert 'cannot get resource "persistentvolumeclaims"' in got["message"]  # the server's words
+    assert [e[:2] for e in fake.events] == [("Warning", "ClaimsForbidden")]
+    run(Executor(fake), t=20)  # type: ignore[arg-type]
+    assert [e[:2] for e in fake.events] == [("Warning", "ClaimsForbidden")]  # said once
+    assert not any(e.startswith("create Pod") for e in fake.log)
+    fake.get = allowed  # type: ignore[method-assign]
+    run(Executor(fake), t=40)  # type: ignore[arg-type]
+    assert sum(1 for e in fake.log if e.startswith("create Pod")) == 6
+    got = get_condition(fake.job["status"], "StorageNotShared")
+    assert got is not None and got["status"] == "False"
+
+
 def test_a_stale_status_write_does_nothing_else_and_asks_for_a_retry() -> None:
     fake = FakeKube(job())
     fake.conflict_next_status = True
