@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PY_DIRS = ["operator", "trainer", "tests", "benchmarks"]
+PY_DIRS = ["api", "operator", "trainer", "tests", "benchmarks"]
 
 
 def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
@@ -25,7 +25,7 @@ def test_ruff_format():
 
 
 def test_mypy_both_packages():
-    res = _run("mypy", "operator/rlhf_operator", "trainer/rlhf_trainer")
+    res = _run("mypy", "api/rlhf_api", "operator/rlhf_operator", "trainer/rlhf_trainer")
     assert res.returncode == 0, res.stdout + res.stderr
 
 
