@@ -113,14 +113,15 @@ class Node:
 
     @staticmethod
     def oom_kills(pod_uid: str) -> int:
-        """The kernel's OOM kills in the pod's memory cgroup (v1 `memory.oom_control`'s `oom_kill`,
-        the pod level counting its containers')."""
+        """The kernel's OOM kills in the pod's memory cgroups (v1 `memory.oom_control`'s
+        `oom_kill`, counted in the cgroup whose limit was hit: the pod's or a container's)."""
         base = Path("/sys/fs/cgroup/memory/kubepods")
         total = 0
-        for cg in base.glob(f"**/pod{pod_uid}"):
-            for line in (cg / "memory.oom_control").read_text().splitlines():
-                if line.startswith("oom_kill "):
-                    total = max(total, int(line.split()[1]))
+        for pod in base.glob(f"**/pod{pod_uid}"):
+            for control in [pod / "memory.oom_control", *pod.glob("*/memory.oom_control")]:
+                for line in control.read_text().splitlines():
+                    if line.startswith("oom_kill "):
+                        total += int(line.split()[1])
         return total
 
     def kubelet(self, sig: signal.Signals) -> None:
