@@ -400,7 +400,12 @@ ENV_METRICS_PORT = _declare(
 )
 
 # -- set by the operator, read by other programs in the pod -------------------------------------
-ENV_RAY_AUTH_MODE = _declare("RAY_AUTH_MODE", "Ray's authentication mode: token.", "operator", read_by="Ray")
+ENV_RAY_AUTH_MODE = _declare(
+    "RAY_AUTH_MODE",
+    "Ray's authentication mode: token (also read by ray_node, which refuses a Ray too old to enforce it).",
+    "operator",
+    read_by=TRAINER,
+)
 ENV_RAY_AUTH_TOKEN = _declare(
     "RAY_AUTH_TOKEN", "Ray's shared auth token, from the per-job Secret.", "operator", read_by="Ray"
 )
