@@ -87,12 +87,14 @@ class Environment(Protocol):
 def environment_class(path: str) -> type:
     """The environment class at `path` (`package.module:Class`), not yet built; errors name
     `spec.rollout.multiTurn.environment` and say what is valid."""
-    from rlhf_trainer.rewards import import_object
+    from rlhf_trainer.user_code import ImportPathError, import_object
 
     try:
         obj = import_object(path)
-    except ValueError as err:
-        raise ValueError(f"{ENVIRONMENT_FIELD}: {err}; valid: an importable package.module:Class") from err
+    except ImportPathError as err:  # not the rewards' wrapper: its message says "reward path"
+        raise ValueError(
+            f"{ENVIRONMENT_FIELD}: {path!r}: {err}; valid: an importable package.module:Class"
+        ) from err
     if not inspect.isclass(obj):
         raise TypeError(
             f"{ENVIRONMENT_FIELD}: {path!r} is a {type(obj).__name__}, not a class with step(episode)"
